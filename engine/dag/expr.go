@@ -1,0 +1,305 @@
+package dag
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/common/types/traits"
+)
+
+// costLimit bounds the work one expression evaluation may do, so a
+// definition cannot stall the coordinator with a pathological expression.
+const costLimit = 100_000
+
+var (
+	envOnce sync.Once
+	celEnv  *cel.Env
+	envErr  error
+)
+
+// env is the CEL environment of every expression: `input` is the run input
+// and `nodes.<id>` holds {"status": ..., "output": ...} of finished nodes.
+func env() (*cel.Env, error) {
+	envOnce.Do(func() {
+		celEnv, envErr = cel.NewEnv(
+			cel.Variable("input", cel.DynType),
+			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
+			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
+			cel.ParserRecursionLimit(64),
+		)
+	})
+	return celEnv, envErr
+}
+
+type program struct {
+	source string
+	prg    cel.Program
+	refs   []string // node ids read through nodes.<id>
+}
+
+// compile checks and plans one expression. wantBool demands a boolean (or
+// dyn) result.
+func compile(src string, wantBool bool) (*program, error) {
+	e, err := env()
+	if err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(src) == "" {
+		return nil, errors.New("expression is empty")
+	}
+	checked, iss := e.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		return nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+	}
+	if wantBool {
+		out := checked.OutputType()
+		if !out.IsExactType(types.BoolType) && !out.IsExactType(types.DynType) {
+			return nil, fmt.Errorf("must be a boolean expression, not %s", out)
+		}
+	}
+	prg, err := e.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
+	if err != nil {
+		return nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
+	}
+	return &program{source: src, prg: prg, refs: nodeRefs(checked.NativeRep())}, nil
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}
+
+// nodeRefs lists the node ids an expression reads as nodes.<id> or
+// nodes["<id>"].
+func nodeRefs(a *ast.AST) []string {
+	seen := map[string]bool{}
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		switch e.Kind() {
+		case ast.SelectKind:
+			s := e.AsSelect()
+			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == "nodes" {
+				seen[s.FieldName()] = true
+			}
+		case ast.CallKind:
+			c := e.AsCall()
+			if c.FunctionName() == "_[_]" && len(c.Args()) == 2 {
+				op, key := c.Args()[0], c.Args()[1]
+				if op.Kind() == ast.IdentKind && op.AsIdent() == "nodes" && key.Kind() == ast.LiteralKind {
+					if s, ok := key.AsLiteral().Value().(string); ok {
+						seen[s] = true
+					}
+				}
+			}
+		}
+	}))
+	out := make([]string, 0, len(seen))
+	for k := range seen {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// NodeResult is what expressions see of a finished upstream node.
+type NodeResult struct {
+	Status string
+	Output json.RawMessage
+}
+
+// Scope is the data expressions are evaluated over.
+type Scope struct {
+	Input json.RawMessage
+	Nodes map[string]NodeResult
+}
+
+// activation decodes the scope lazily: only the nodes an expression reads.
+func (s Scope) activation(refs []string) (map[string]any, error) {
+	in, err := DecodeJSON(s.Input)
+	if err != nil {
+		return nil, fmt.Errorf("run input: %w", err)
+	}
+	nodes := make(map[string]any, len(refs))
+	for _, id := range refs {
+		r, ok := s.Nodes[id]
+		if !ok {
+			continue
+		}
+		out, err := DecodeJSON(r.Output)
+		if err != nil {
+			return nil, fmt.Errorf("output of %s: %w", id, err)
+		}
+		nodes[id] = map[string]any{"status": r.Status, "output": out}
+	}
+	return map[string]any{"input": in, "nodes": nodes}, nil
+}
+
+func (p *program) eval(s Scope) (ref.Val, error) {
+	act, err := s.activation(p.refs)
+	if err != nil {
+		return nil, err
+	}
+	v, _, err := p.prg.Eval(act)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s", p.source, oneLine(err.Error()))
+	}
+	return v, nil
+}
+
+// EvalIf evaluates the node's `if`; a node without one runs.
+func (n *Node) EvalIf(s Scope) (bool, error) {
+	if n.cond == nil {
+		return true, nil
+	}
+	v, err := n.cond.eval(s)
+	if err != nil {
+		return false, err
+	}
+	b, ok := v.Value().(bool)
+	if !ok {
+		return false, fmt.Errorf("%s: evaluated to %s, not a boolean", n.cond.source, v.Type().TypeName())
+	}
+	return b, nil
+}
+
+// EvalInput evaluates the node's input mapping into a JSON object; a node
+// without a mapping gets the run input unchanged.
+func (n *Node) EvalInput(s Scope) (json.RawMessage, error) {
+	if len(n.input) == 0 {
+		if len(s.Input) == 0 {
+			return json.RawMessage("{}"), nil
+		}
+		return s.Input, nil
+	}
+	return evalObject("input", n.input, s)
+}
+
+// EvalOutput evaluates the workflow's output mapping. Without one the output
+// is an object of the sink nodes' outputs, keyed by node id.
+func (w *Workflow) EvalOutput(s Scope) (json.RawMessage, error) {
+	if len(w.output) > 0 {
+		return evalObject("output", w.output, s)
+	}
+	out := make(map[string]json.RawMessage, len(w.sinks))
+	for _, id := range w.sinks {
+		if r, ok := s.Nodes[id]; ok && r.Status == "completed" && len(r.Output) > 0 {
+			out[id] = r.Output
+		}
+	}
+	return json.Marshal(out)
+}
+
+func evalObject(field string, progs map[string]*program, s Scope) (json.RawMessage, error) {
+	out := make(map[string]any, len(progs))
+	for k, p := range progs {
+		v, err := p.eval(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s.%s: %w", field, k, err)
+		}
+		nv, err := toNative(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s.%s: %w", field, k, err)
+		}
+		out[k] = nv
+	}
+	return json.Marshal(out)
+}
+
+// DecodeJSON decodes JSON for CEL: integral numbers become int64 (so
+// `input.n + 1` type-checks at run time), others float64.
+func DecodeJSON(b json.RawMessage) (any, error) {
+	if len(bytes.TrimSpace(b)) == 0 {
+		return map[string]any{}, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	return numbers(v), nil
+}
+
+func numbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := x.Int64(); err == nil {
+			return i
+		}
+		f, _ := x.Float64()
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = numbers(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = numbers(e)
+		}
+	}
+	return v
+}
+
+// toNative converts a CEL value into plain Go values that encoding/json
+// writes.
+func toNative(v ref.Val) (any, error) {
+	switch x := v.(type) {
+	case types.Null:
+		return nil, nil
+	case types.Bool, types.String, types.Int, types.Uint:
+		return x.Value(), nil
+	case types.Double:
+		f := float64(x)
+		if math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("%v cannot be written as JSON", f)
+		}
+		return f, nil
+	case types.Bytes:
+		return x.Value(), nil // base64 in JSON
+	case types.Duration:
+		return x.Duration.String(), nil
+	case types.Timestamp:
+		return x.Time.UTC().Format(time.RFC3339Nano), nil
+	case traits.Lister:
+		n := x.Size().(types.Int)
+		out := make([]any, 0, int(n))
+		for i := types.Int(0); i < n; i++ {
+			e, err := toNative(x.Get(i))
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	case traits.Mapper:
+		out := map[string]any{}
+		it := x.Iterator()
+		for it.HasNext() == types.True {
+			k := it.Next()
+			ks, ok := k.Value().(string)
+			if !ok {
+				return nil, fmt.Errorf("map key %v is not a string", k.Value())
+			}
+			e, err := toNative(x.Get(k))
+			if err != nil {
+				return nil, err
+			}
+			out[ks] = e
+		}
+		return out, nil
+	}
+	switch x := v.Value().(type) {
+	case nil, bool, string, int64, uint64, float64, map[string]any, []any:
+		return x, nil
+	}
+	return nil, fmt.Errorf("value of type %s cannot be written as JSON", v.Type().TypeName())
+}

@@ -1,0 +1,215 @@
+package dag
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// NodeType says what runs a node.
+type NodeType string
+
+// Node types.
+const (
+	// TypeHTTP calls an HTTP endpoint; run by platform workers.
+	TypeHTTP NodeType = "http"
+	// TypeTask runs user code registered under a handler name on a worker.
+	TypeTask NodeType = "task"
+	// TypeSleep waits for a duration; a durable timer, no worker.
+	TypeSleep NodeType = "sleep"
+	// TypeWait waits for a named signal or an approval; no worker.
+	TypeWait NodeType = "wait"
+	// TypeNoop completes at once on a worker; for benchmarks and tests.
+	TypeNoop NodeType = "noop"
+)
+
+// RunsOnWorker reports whether nodes of this type are dispatched to workers
+// (as opposed to being resolved by timers and signals).
+func (t NodeType) RunsOnWorker() bool {
+	return t == TypeHTTP || t == TypeTask || t == TypeNoop
+}
+
+// Limits bound what one definition may hold.
+const (
+	MaxNodes           = 500
+	MaxDefinitionBytes = 256 << 10
+	MaxExpressionBytes = 4 << 10
+	MaxAttempts        = 100
+	MaxDuration        = 366 * 24 * time.Hour
+	DefaultQueue       = "default"
+)
+
+// DefaultRetry is the policy of a node that names none: three attempts,
+// backing off from one second up to five minutes, with jitter.
+var DefaultRetry = RetryPolicy{MaxAttempts: 3, Backoff: Duration(time.Second), MaxBackoff: Duration(5 * time.Minute)}
+
+// Workflow is a parsed, validated and compiled definition.
+type Workflow struct {
+	Name        string            `json:"name,omitempty"`
+	Description string            `json:"description,omitempty"`
+	Timeout     Duration          `json:"timeout,omitempty"`
+	Output      map[string]string `json:"output,omitempty"`
+	Nodes       []*Node           `json:"nodes"`
+
+	byID   map[string]*Node
+	order  []string            // topological
+	deps   map[string][]string // node -> dependents
+	sinks  []string
+	output map[string]*program
+}
+
+// Node is one step of a workflow.
+type Node struct {
+	ID        string       `json:"id"`
+	Type      NodeType     `json:"type"`
+	DependsOn []string     `json:"depends_on,omitempty"`
+	Queue     string       `json:"queue,omitempty"`
+	Retry     *RetryPolicy `json:"retry,omitempty"`
+	Timeout   Duration     `json:"timeout,omitempty"`
+	// ScheduleToStartTimeout bounds how long a dispatched attempt may wait
+	// for a worker before it counts as failed.
+	ScheduleToStartTimeout Duration          `json:"schedule_to_start_timeout,omitempty"`
+	If                     string            `json:"if,omitempty"`
+	Input                  map[string]string `json:"input,omitempty"`
+	HTTP                   *HTTPSpec         `json:"http,omitempty"`
+	Task                   *TaskSpec         `json:"task,omitempty"`
+	Sleep                  *SleepSpec        `json:"sleep,omitempty"`
+	Wait                   *WaitSpec         `json:"wait,omitempty"`
+
+	cond  *program
+	input map[string]*program
+}
+
+// HTTPSpec configures an http node. When Body is empty and the node has an
+// input mapping, the mapped input is sent as the JSON body.
+type HTTPSpec struct {
+	Method  string            `json:"method"`
+	URL     string            `json:"url"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    json.RawMessage   `json:"body,omitempty"`
+	Timeout Duration          `json:"timeout,omitempty"`
+}
+
+// TaskSpec names the worker handler that runs a task node.
+type TaskSpec struct {
+	Handler string `json:"handler"`
+}
+
+// SleepSpec configures a sleep node.
+type SleepSpec struct {
+	Duration Duration `json:"duration"`
+}
+
+// WaitSpec configures a wait node: it completes when the named signal
+// arrives (its payload becomes the output) and fails when Timeout passes
+// first. With Approval the payload is a decision: {"approved": bool, ...};
+// a rejection fails the node.
+type WaitSpec struct {
+	Signal   string   `json:"signal"`
+	Timeout  Duration `json:"timeout,omitempty"`
+	Approval bool     `json:"approval,omitempty"`
+}
+
+// RetryPolicy says how often and how soon a failed attempt is retried.
+type RetryPolicy struct {
+	MaxAttempts int      `json:"max_attempts"`
+	Backoff     Duration `json:"backoff,omitempty"`
+	MaxBackoff  Duration `json:"max_backoff,omitempty"`
+	// NoJitter turns off jitter, for exact schedules.
+	NoJitter bool `json:"no_jitter,omitempty"`
+}
+
+// Delay is the backoff before the retry that follows failed attempt n
+// (1-based): Backoff·2^(n-1), capped at MaxBackoff (or MaxDuration), without
+// overflow however large n is.
+func (r RetryPolicy) Delay(n int) time.Duration {
+	base := time.Duration(r.Backoff)
+	if base <= 0 || n < 1 {
+		return 0
+	}
+	ceiling := time.Duration(r.MaxBackoff)
+	if ceiling <= 0 || ceiling > MaxDuration {
+		ceiling = MaxDuration
+	}
+	d := base
+	for i := 1; i < n; i++ {
+		if d >= ceiling/2 {
+			return ceiling
+		}
+		d *= 2
+	}
+	return min(d, ceiling)
+}
+
+// Duration is a time.Duration written as a string ("250ms", "30s", "2h",
+// "1d").
+type Duration time.Duration
+
+// Std returns the duration as a time.Duration.
+func (d Duration) Std() time.Duration { return time.Duration(d) }
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads "90s"-style strings, with "d" for days.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\" or \"2h\"")
+	}
+	v, err := ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// ParseDuration parses Go durations plus a whole-day suffix ("2d").
+func ParseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if n, ok := strings.CutSuffix(s, "d"); ok && n != "" && !strings.ContainsAny(n, "hmsuµn") {
+		var days int64
+		if _, err := fmt.Sscanf(n, "%d", &days); err != nil || fmt.Sprint(days) != n || days < 0 || days > 366 {
+			return 0, fmt.Errorf("invalid duration %q", s)
+		}
+		return time.Duration(days) * 24 * time.Hour, nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q (use e.g. \"500ms\", \"30s\", \"2h\", \"1d\")", s)
+	}
+	return v, nil
+}
+
+// Node returns the node with the given id, or nil.
+func (w *Workflow) Node(id string) *Node { return w.byID[id] }
+
+// Order returns the node ids in a topological order (dependencies first).
+func (w *Workflow) Order() []string { return w.order }
+
+// Dependents returns the ids of the nodes that depend directly on id.
+func (w *Workflow) Dependents(id string) []string { return w.deps[id] }
+
+// Sinks returns the ids of nodes nothing depends on.
+func (w *Workflow) Sinks() []string { return w.sinks }
+
+// RetryPolicy returns the node's policy, or DefaultRetry.
+func (n *Node) RetryPolicy() RetryPolicy {
+	if n.Retry == nil {
+		return DefaultRetry
+	}
+	return *n.Retry
+}
+
+// QueueName returns the node's queue, or DefaultQueue.
+func (n *Node) QueueName() string {
+	if n.Queue == "" {
+		return DefaultQueue
+	}
+	return n.Queue
+}
+
+// HasCondition reports whether the node has an `if` expression.
+func (n *Node) HasCondition() bool { return n.cond != nil }

@@ -1,0 +1,454 @@
+package statemachine
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/composer-dev/composer/engine/dag"
+)
+
+// Decide applies one event to a run and returns the transition. It never
+// modifies run. now is the current time on the database clock.
+func Decide(wf *dag.Workflow, run *Run, ev Event, now time.Time) Transition {
+	m := &machine{wf: wf, now: now, run: run.clone()}
+	switch e := ev.(type) {
+	case RunStarted:
+		m.start()
+	case NodeCompleted:
+		m.taskCompleted(e)
+	case NodeFailed:
+		m.taskFailed(e)
+	case TimerFired:
+		m.timerFired(e)
+	case SignalReceived:
+		m.signal(e.Signal)
+	case CancelRequested:
+		m.cancel(e.Reason)
+	case RerunRequested:
+		m.rerun()
+	default:
+		m.ignore("unknown event %T", ev)
+	}
+	if m.ignored != "" {
+		return Transition{Ignored: true, Reason: m.ignored, Status: run.Status}
+	}
+	return Transition{Actions: m.actions, Status: m.run.Status}
+}
+
+type machine struct {
+	wf      *dag.Workflow
+	run     *Run
+	now     time.Time
+	actions []Action
+	ignored string
+}
+
+func (r *Run) clone() *Run {
+	c := *r
+	c.Tasks = make(map[string]*Task, len(r.Tasks))
+	for k, t := range r.Tasks {
+		tc := *t
+		c.Tasks[k] = &tc
+	}
+	c.Signals = append([]Signal(nil), r.Signals...)
+	return &c
+}
+
+func (m *machine) ignore(format string, args ...any) {
+	m.ignored = fmt.Sprintf(format, args...)
+}
+
+func (m *machine) emit(a Action) { m.actions = append(m.actions, a) }
+
+func (m *machine) start() {
+	if m.run.Status != RunRunning {
+		m.ignore("run is %s", m.run.Status)
+		return
+	}
+	if len(m.run.Tasks) > 0 {
+		m.ignore("run already started")
+		return
+	}
+	if t := m.wf.Timeout.Std(); t > 0 {
+		m.emit(ScheduleTimer{Kind: TimerRunTimeout, FireAt: m.now.Add(t)})
+	}
+	m.advance()
+}
+
+// activeTask returns the node's task when the event's task id and attempt
+// match it and it is still active; otherwise it ignores the event.
+func (m *machine) activeTask(nodeID, taskID string, attempt int, states ...TaskState) *Task {
+	t := m.run.Tasks[nodeID]
+	switch {
+	case t == nil || t.ID != taskID:
+		m.ignore("no task %s for node %s", taskID, nodeID)
+	case t.Attempt != attempt:
+		m.ignore("stale attempt %d of %s (current attempt is %d)", attempt, nodeID, t.Attempt)
+	case !t.State.Active():
+		m.ignore("task of %s is already %s", nodeID, t.State)
+	default:
+		for _, s := range states {
+			if t.State == s {
+				return t
+			}
+		}
+		m.ignore("task of %s is %s", nodeID, t.State)
+	}
+	return nil
+}
+
+func (m *machine) taskCompleted(e NodeCompleted) {
+	t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskPending, TaskRunning)
+	if t == nil {
+		return
+	}
+	m.complete(t, e.Output)
+	m.advance()
+}
+
+func (m *machine) complete(t *Task, out json.RawMessage) {
+	out = payloadOrEmpty(out)
+	m.emit(CompleteTask{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, Output: out})
+	t.State, t.Output = TaskCompleted, out
+}
+
+func (m *machine) taskFailed(e NodeFailed) {
+	t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskPending, TaskRunning)
+	if t == nil {
+		return
+	}
+	m.attemptFailed(t, e.Error, e.Retryable, e.RetryAfter)
+}
+
+// attemptFailed retries the task when it may, and fails it (and the run)
+// when it may not.
+func (m *machine) attemptFailed(t *Task, err Error, retryable bool, retryAfter time.Duration) {
+	node := m.wf.Node(t.NodeID)
+	policy := node.RetryPolicy()
+	if err.Node == "" {
+		err.Node = t.NodeID
+	}
+	if retryable && t.Attempt < policy.MaxAttempts {
+		delay := policy.Delay(t.Attempt)
+		if !policy.NoJitter {
+			delay = jitter(delay, t.ID, t.Attempt)
+		}
+		delay = max(delay, retryAfter)
+		at := m.now.Add(delay)
+		m.emit(RetryTask{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, Error: err, NotBefore: at})
+		t.State, t.Error = TaskPending, &err
+		t.Attempt++
+		m.scheduleToStart(node, t.Attempt, at)
+		return
+	}
+	m.failNode(t, err)
+}
+
+func (m *machine) failNode(t *Task, err Error) {
+	if err.Node == "" {
+		err.Node = t.NodeID
+	}
+	m.emit(FailTask{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, Error: err})
+	t.State, t.Error = TaskFailed, &err
+	m.failRun(Error{
+		Code:    CodeNodeFailed,
+		Node:    t.NodeID,
+		Message: fmt.Sprintf("node %s failed after %d attempt(s): %s", t.NodeID, t.Attempt, err.Message),
+		Details: mustJSON(err),
+	})
+}
+
+func (m *machine) failRun(err Error) {
+	m.cancelActive()
+	m.emit(FailRun{Error: err})
+	m.run.Status = RunFailed
+}
+
+func (m *machine) cancelActive() {
+	for _, id := range m.wf.Order() {
+		if t := m.run.Tasks[id]; t != nil && t.State.Active() {
+			m.emit(CancelTask{NodeID: id, TaskID: t.ID})
+			t.State = TaskCancelled
+		}
+	}
+}
+
+func (m *machine) timerFired(e TimerFired) {
+	if e.Kind == TimerRunTimeout {
+		if m.run.Status != RunRunning {
+			m.ignore("run is %s", m.run.Status)
+			return
+		}
+		m.failRun(Error{Code: CodeRunTimeout, Message: fmt.Sprintf("run exceeded its timeout of %s", m.wf.Timeout.Std())})
+		return
+	}
+	switch e.Kind {
+	case TimerSleep:
+		if t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskWaiting); t != nil {
+			m.complete(t, json.RawMessage(`{}`))
+			m.advance()
+		}
+	case TimerWaitTimeout:
+		if t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskWaiting); t != nil {
+			w := m.wf.Node(t.NodeID).Wait
+			m.failNode(t, Error{Code: CodeWaitTimeout, Message: fmt.Sprintf("no %q signal within %s", w.Signal, w.Timeout.Std())})
+		}
+	case TimerScheduleToStart:
+		// Only an attempt no worker has leased yet times out this way; a
+		// running attempt is bounded by its execution timeout and lease.
+		if t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskPending); t != nil {
+			d := m.wf.Node(t.NodeID).ScheduleToStartTimeout.Std()
+			m.attemptFailed(t, Error{Code: CodeScheduleToStart, Message: fmt.Sprintf("no worker started attempt %d within %s", t.Attempt, d)}, true, 0)
+		}
+	default:
+		m.ignore("unknown timer kind %q", e.Kind)
+	}
+}
+
+func (m *machine) signal(s Signal) {
+	if m.run.Status != RunRunning {
+		m.ignore("run is %s", m.run.Status)
+		return
+	}
+	for _, id := range m.wf.Order() {
+		n := m.wf.Node(id)
+		if t := m.run.Tasks[id]; t != nil && t.State == TaskWaiting && n.Type == dag.TypeWait && n.Wait.Signal == s.Name {
+			m.emit(RecordSignal{Signal: s, ConsumedBy: id})
+			m.resolveWait(n, t, s)
+			m.advance()
+			return
+		}
+	}
+	// No node waits for it yet: keep it for the first wait node that does.
+	m.emit(RecordSignal{Signal: s})
+	m.run.Signals = append(m.run.Signals, s)
+}
+
+// resolveWait completes a wait node with a signal's payload, or fails it
+// when the signal is a rejected approval.
+func (m *machine) resolveWait(n *dag.Node, t *Task, s Signal) {
+	if n.Wait.Approval && !approved(s.Payload) {
+		m.failNode(t, Error{Code: CodeApprovalRejected, Message: fmt.Sprintf("approval %q was rejected", n.Wait.Signal), Details: s.Payload})
+		return
+	}
+	m.complete(t, s.Payload)
+}
+
+func payloadOrEmpty(p json.RawMessage) json.RawMessage {
+	if len(p) == 0 {
+		return json.RawMessage("{}")
+	}
+	return p
+}
+
+func approved(payload json.RawMessage) bool {
+	var d struct {
+		Approved bool `json:"approved"`
+	}
+	return json.Unmarshal(payload, &d) == nil && d.Approved
+}
+
+func (m *machine) cancel(reason string) {
+	if m.run.Status != RunRunning {
+		m.ignore("run is %s", m.run.Status)
+		return
+	}
+	m.cancelActive()
+	m.emit(CancelRun{Reason: reason})
+	m.run.Status = RunCancelled
+}
+
+func (m *machine) rerun() {
+	if m.run.Status != RunFailed && m.run.Status != RunCancelled {
+		m.ignore("only failed or cancelled runs can be re-run; run is %s", m.run.Status)
+		return
+	}
+	m.emit(ReopenRun{})
+	m.run.Status = RunRunning
+	for _, id := range m.wf.Order() {
+		if t := m.run.Tasks[id]; t != nil && (t.State == TaskFailed || t.State == TaskCancelled) {
+			m.emit(ResetNode{NodeID: id, TaskID: t.ID})
+			delete(m.run.Tasks, id)
+		}
+	}
+	if t := m.wf.Timeout.Std(); t > 0 {
+		m.emit(ScheduleTimer{Kind: TimerRunTimeout, FireAt: m.now.Add(t)})
+	}
+	m.advance()
+}
+
+// advance creates the tasks of every node that became ready, in
+// topological order so that skips and immediately resolved waits cascade in
+// one pass, then ends the run when nothing is left to do.
+func (m *machine) advance() {
+	if m.run.Status != RunRunning {
+		return
+	}
+	for _, id := range m.wf.Order() {
+		if m.run.Status != RunRunning {
+			return
+		}
+		if _, has := m.run.Tasks[id]; has {
+			continue
+		}
+		n := m.wf.Node(id)
+		ready, allSkipped := true, len(n.DependsOn) > 0
+		for _, d := range n.DependsOn {
+			dt := m.run.Tasks[d]
+			if dt == nil || !dt.State.Done() {
+				ready = false
+				break
+			}
+			allSkipped = allSkipped && dt.State == TaskSkipped
+		}
+		if ready {
+			m.activate(n, allSkipped)
+		}
+	}
+	m.finishIfDone()
+}
+
+func (m *machine) scope() dag.Scope {
+	s := dag.Scope{Input: m.run.Input, Nodes: make(map[string]dag.NodeResult, len(m.run.Tasks))}
+	for id, t := range m.run.Tasks {
+		if t.State.Done() {
+			s.Nodes[id] = dag.NodeResult{Status: string(t.State), Output: t.Output}
+		}
+	}
+	return s
+}
+
+func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
+	base := CreateTask{NodeID: n.ID, Type: n.Type, MaxAttempts: n.RetryPolicy().MaxAttempts}
+	if n.Type.RunsOnWorker() {
+		base.Queue = n.QueueName()
+	}
+	t := &Task{NodeID: n.ID, Attempt: 1}
+	m.run.Tasks[n.ID] = t
+
+	if upstreamSkipped {
+		m.createFinal(base, t, TaskSkipped, "every dependency was skipped")
+		return
+	}
+	s := m.scope()
+	ok, err := n.EvalIf(s)
+	if err != nil {
+		m.createFailed(base, t, Error{Code: CodeExpression, Message: "if: " + err.Error()})
+		return
+	}
+	if !ok {
+		m.createFinal(base, t, TaskSkipped, "condition is false")
+		return
+	}
+	in, err := n.EvalInput(s)
+	if err != nil {
+		m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+		return
+	}
+	base.Input = in
+
+	switch n.Type {
+	case dag.TypeSleep:
+		base.State = TaskWaiting
+		m.emit(base)
+		t.State = TaskWaiting
+		m.emit(ScheduleTimer{Kind: TimerSleep, NodeID: n.ID, Attempt: 1, FireAt: m.now.Add(n.Sleep.Duration.Std())})
+	case dag.TypeWait:
+		for i, sig := range m.run.Signals {
+			if sig.Name != n.Wait.Signal {
+				continue
+			}
+			// A signal that arrived earlier resolves the node as it is created.
+			m.run.Signals = append(m.run.Signals[:i:i], m.run.Signals[i+1:]...)
+			m.emit(ConsumeSignal{SignalID: sig.ID, NodeID: n.ID})
+			if n.Wait.Approval && !approved(sig.Payload) {
+				m.createFailed(base, t, Error{Code: CodeApprovalRejected, Message: fmt.Sprintf("approval %q was rejected", n.Wait.Signal), Details: sig.Payload})
+				return
+			}
+			base.Output = payloadOrEmpty(sig.Payload)
+			m.createFinal(base, t, TaskCompleted, "")
+			return
+		}
+		base.State = TaskWaiting
+		m.emit(base)
+		t.State = TaskWaiting
+		if d := n.Wait.Timeout.Std(); d > 0 {
+			m.emit(ScheduleTimer{Kind: TimerWaitTimeout, NodeID: n.ID, Attempt: 1, FireAt: m.now.Add(d)})
+		}
+	default:
+		base.State = TaskPending
+		m.emit(base)
+		t.State = TaskPending
+		m.emit(Dispatch{NodeID: n.ID, Attempt: 1, NotBefore: m.now})
+		m.scheduleToStart(n, 1, m.now)
+	}
+}
+
+func (m *machine) scheduleToStart(n *dag.Node, attempt int, dispatchedAt time.Time) {
+	if d := n.ScheduleToStartTimeout.Std(); d > 0 {
+		m.emit(ScheduleTimer{Kind: TimerScheduleToStart, NodeID: n.ID, Attempt: attempt, FireAt: dispatchedAt.Add(d)})
+	}
+}
+
+func (m *machine) createFinal(base CreateTask, t *Task, state TaskState, reason string) {
+	base.State, base.Reason = state, reason
+	m.emit(base)
+	t.State, t.Output = state, base.Output
+}
+
+func (m *machine) createFailed(base CreateTask, t *Task, err Error) {
+	err.Node = base.NodeID
+	base.State, base.Error = TaskFailed, &err
+	m.emit(base)
+	t.State, t.Error = TaskFailed, &err
+	m.failRun(Error{
+		Code:    CodeNodeFailed,
+		Node:    base.NodeID,
+		Message: fmt.Sprintf("node %s failed: %s", base.NodeID, err.Message),
+		Details: mustJSON(err),
+	})
+}
+
+func (m *machine) finishIfDone() {
+	if m.run.Status != RunRunning {
+		return
+	}
+	for _, id := range m.wf.Order() {
+		if t := m.run.Tasks[id]; t == nil || !t.State.Done() {
+			return
+		}
+	}
+	out, err := m.wf.EvalOutput(m.scope())
+	if err != nil {
+		m.emit(FailRun{Error: Error{Code: CodeOutputExpression, Message: err.Error()}})
+		m.run.Status = RunFailed
+		return
+	}
+	m.emit(CompleteRun{Output: out})
+	m.run.Status = RunCompleted
+}
+
+// jitter spreads a retry delay over [d/2, d], deterministically from the
+// task and attempt, so retries of many tasks failing together do not
+// arrive together, and the same inputs always give the same schedule.
+func jitter(d time.Duration, taskID string, attempt int) time.Duration {
+	if d < 2 {
+		return d
+	}
+	h := fnv.New64a()
+	h.Write([]byte(taskID))
+	h.Write([]byte(strconv.Itoa(attempt)))
+	half := d / 2
+	return half + time.Duration(h.Sum64()%uint64(d-half+1))
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("statemachine: marshal %T: %v", v, err))
+	}
+	return b
+}

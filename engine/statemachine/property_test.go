@@ -1,0 +1,253 @@
+package statemachine
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"reflect"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/composer-dev/composer/engine/dag"
+)
+
+// TestMain runs the property tests with at least 1,000 cases each unless
+// RAPID_CHECKS or -rapid.checks asks for another number.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	explicit := os.Getenv("RAPID_CHECKS") != ""
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "rapid.checks" })
+	if !explicit {
+		_ = flag.Set("rapid.checks", "1000")
+	}
+	os.Exit(m.Run())
+}
+
+// genWorkflow draws a random DAG: each node depends on a random subset of
+// earlier nodes, with a mix of worker nodes (with retries and
+// schedule-to-start timeouts), sleeps, waits and approvals, and conditions
+// over random input flags.
+func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
+	n := rapid.IntRange(1, 9).Draw(t, "nodes")
+	var nodes []map[string]any
+	flags := map[string]bool{}
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("n%d", i)
+		node := map[string]any{"id": id}
+		var deps []string
+		for j := 0; j < i; j++ {
+			if rapid.IntRange(0, 2).Draw(t, "dep") == 0 {
+				deps = append(deps, fmt.Sprintf("n%d", j))
+			}
+		}
+		if len(deps) > 0 {
+			node["depends_on"] = deps
+		}
+		switch rapid.SampledFrom([]string{"noop", "noop", "noop", "sleep", "wait"}).Draw(t, "type") {
+		case "noop":
+			node["type"] = "noop"
+			node["retry"] = map[string]any{"max_attempts": rapid.IntRange(1, 3).Draw(t, "attempts"), "backoff": "1s"}
+			if rapid.IntRange(0, 3).Draw(t, "s2s") == 0 {
+				node["schedule_to_start_timeout"] = "30s"
+			}
+		case "sleep":
+			node["type"] = "sleep"
+			node["sleep"] = map[string]any{"duration": "5s"}
+		case "wait":
+			node["type"] = "wait"
+			w := map[string]any{"signal": fmt.Sprintf("sig%d", rapid.IntRange(0, 1).Draw(t, "signal")), "approval": rapid.Bool().Draw(t, "approval")}
+			if rapid.Bool().Draw(t, "wait timeout") {
+				w["timeout"] = "1h"
+			}
+			node["wait"] = w
+		}
+		if rapid.IntRange(0, 3).Draw(t, "cond") == 0 {
+			f := fmt.Sprintf("f%d", i)
+			node["if"] = "input." + f
+			flags[f] = rapid.Bool().Draw(t, "flag")
+		}
+		nodes = append(nodes, node)
+	}
+	def := map[string]any{"nodes": nodes}
+	if rapid.IntRange(0, 4).Draw(t, "run timeout") == 0 {
+		def["timeout"] = "10h"
+	}
+	b, _ := json.Marshal(def)
+	wf, err := dag.Parse(b)
+	if err != nil {
+		t.Fatalf("generated an invalid workflow: %v\n%s", err, b)
+	}
+	in, _ := json.Marshal(flags)
+	return wf, string(in)
+}
+
+// TestPropertiesUnderRandomEventOrders drives random workflows through
+// random interleavings of results, failures, timers, signals, cancels,
+// duplicates and stale reports, and checks after every step:
+//   - no node's task is created before its dependencies finished (sim.persist);
+//   - every action would pass the SQL fencing guards (sim.persist);
+//   - a node completes at most once;
+//   - re-applying a delivered event changes nothing;
+//   - a report for an older attempt is always ignored;
+//   - Decide never modifies its input (sim.step);
+//
+// and at the end, once every task has reported, that the run reached exactly
+// one terminal state and nothing is left active.
+func TestPropertiesUnderRandomEventOrders(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		wf, input := genWorkflow(rt)
+		s := newSim(rt, wf, input)
+		var delivered []Event
+		signals := 0
+		deliver := func(ev Event) Transition {
+			tr := s.step(ev)
+			if !tr.Ignored {
+				delivered = append(delivered, ev)
+			}
+			return tr
+		}
+		deliver(RunStarted{})
+
+		steps := rapid.IntRange(0, 60).Draw(rt, "steps")
+		for i := 0; i < steps; i++ {
+			switch rapid.IntRange(0, 9).Draw(rt, "what") {
+			case 0, 1, 2, 3: // a worker reports on an active task
+				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil {
+					if rapid.IntRange(0, 2).Draw(rt, "ok") > 0 {
+						deliver(NodeCompleted{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, Output: json.RawMessage(fmt.Sprintf(`{"from":%q}`, t.NodeID))})
+					} else {
+						deliver(NodeFailed{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, Retryable: rapid.Bool().Draw(rt, "retryable"), Error: Error{Code: "x", Message: "x"}})
+					}
+				}
+			case 4: // a duplicate delivery of something already applied
+				if len(delivered) > 0 {
+					ev := rapid.SampledFrom(delivered).Draw(rt, "replay")
+					if _, isSignal := ev.(SignalReceived); isSignal {
+						continue // the coordinator drops repeated signal ids before Decide
+					}
+					if tr := s.step(ev); !tr.Ignored {
+						rt.Fatalf("re-applying %#v changed the run: %v", ev, kinds(tr))
+					}
+				}
+			case 5: // a stale report from an earlier attempt
+				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil && t.Attempt > 1 {
+					if tr := s.step(NodeCompleted{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt - 1}); !tr.Ignored {
+						rt.Fatalf("stale attempt %d of %s was applied", t.Attempt-1, t.NodeID)
+					}
+				}
+			case 6: // any timer ever scheduled fires (maybe twice, maybe late)
+				if len(s.timers) > 0 {
+					tm := rapid.SampledFrom(s.timers).Draw(rt, "timer")
+					s.now = maxTime(s.now, tm.FireAt)
+					deliver(TimerFired{Kind: tm.Kind, NodeID: tm.NodeID, TaskID: tm.TaskID, Attempt: tm.Attempt})
+				}
+			case 7: // a signal
+				signals++
+				payload := fmt.Sprintf(`{"approved":%v}`, rapid.Bool().Draw(rt, "approve"))
+				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: fmt.Sprintf("sig%d", rapid.IntRange(0, 1).Draw(rt, "name")), Payload: json.RawMessage(payload)}})
+			case 8: // a worker leases a pending task
+				if t := pickTask(rt, s, TaskPending); t != nil {
+					t.State = TaskRunning
+				}
+			case 9:
+				if rapid.IntRange(0, 4).Draw(rt, "cancel") == 0 {
+					deliver(CancelRequested{Reason: "test"})
+				}
+			}
+			checkCompletesOnce(rt, s)
+		}
+
+		// Let every remaining task report, resolving whatever is active.
+		for guard := 0; s.run.Status == RunRunning; guard++ {
+			if guard > 500 {
+				rt.Fatalf("run still running after every task reported: %+v", s.run.Tasks)
+			}
+			t := pickTask(rt, s, TaskPending, TaskRunning, TaskWaiting)
+			if t == nil {
+				rt.Fatalf("run is running with no active task: %+v", s.run.Tasks)
+			}
+			n := wf.Node(t.NodeID)
+			switch n.Type {
+			case dag.TypeSleep:
+				deliver(TimerFired{Kind: TimerSleep, NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt})
+			case dag.TypeWait:
+				signals++
+				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: n.Wait.Signal, Payload: json.RawMessage(`{"approved":true}`)}})
+			default:
+				deliver(NodeCompleted{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt})
+			}
+			checkCompletesOnce(rt, s)
+		}
+		if s.terms != 1 {
+			rt.Fatalf("run reached %d terminal states", s.terms)
+		}
+		for id, t := range s.run.Tasks {
+			if t.State.Active() {
+				rt.Fatalf("task of %s is still %s after the run ended %s", id, t.State, s.run.Status)
+			}
+		}
+		// After the end, every event is ignored.
+		for _, ev := range delivered {
+			if _, isSignal := ev.(SignalReceived); isSignal {
+				continue
+			}
+			if tr := s.step(ev); !tr.Ignored {
+				rt.Fatalf("%#v applied to a %s run", ev, s.run.Status)
+			}
+		}
+	})
+}
+
+// pickTask draws one task in one of the given states, or nil.
+func pickTask(rt *rapid.T, s *sim, states ...TaskState) *Task {
+	var ts []*Task
+	for _, id := range s.wf.Order() {
+		if t := s.run.Tasks[id]; t != nil {
+			for _, st := range states {
+				if t.State == st {
+					ts = append(ts, t)
+				}
+			}
+		}
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	return rapid.SampledFrom(ts).Draw(rt, "task")
+}
+
+func checkCompletesOnce(rt *rapid.T, s *sim) {
+	seen := map[string]int{}
+	for _, a := range s.history {
+		switch a := a.(type) {
+		case CompleteTask:
+			seen[a.NodeID]++
+		case CreateTask:
+			if a.State == TaskCompleted {
+				seen[a.NodeID]++
+			}
+		}
+	}
+	for id, n := range seen {
+		if n > 1 {
+			rt.Fatalf("node %s completed %d times", id, n)
+		}
+	}
+}
+
+// TestDecideIsDeterministic checks that the same inputs always give the same
+// transition (no hidden clock, randomness or map-order dependence).
+func TestDecideIsDeterministic(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		wf, input := genWorkflow(rt)
+		s := newSim(rt, wf, input)
+		first := Decide(wf, s.run, RunStarted{}, epoch)
+		for i := 0; i < 5; i++ {
+			if again := Decide(wf, s.run, RunStarted{}, epoch); !reflect.DeepEqual(first, again) {
+				rt.Fatalf("Decide gave different transitions for the same input")
+			}
+		}
+	})
+}

@@ -1,0 +1,313 @@
+// Package statemachine decides every transition of a workflow run. It is
+// pure: given the definition, the run's current state, one event and the
+// current time, Decide returns the actions to persist, or says why the event
+// is ignored. It does no I/O and reads no clock, so the same inputs always
+// give the same transition; the coordinator (package engine) feeds it and
+// persists what it returns in one transaction.
+//
+// Semantics, in short:
+//   - a node becomes ready when every dependency has completed or been
+//     skipped; if all of its dependencies were skipped it is skipped too,
+//     and if its `if` is false it is skipped;
+//   - a worker node failing with attempts left is retried after a capped
+//     exponential backoff (with deterministic jitter); after its last
+//     attempt it fails the run, and everything still active is cancelled;
+//   - results are fenced by task id and attempt: a stale, duplicate or
+//     late result (for a task that is no longer active) is ignored;
+//   - cancellation keeps finished outputs and schedules nothing new;
+//   - a run reaches one terminal state, once.
+package statemachine
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/composer-dev/composer/engine/dag"
+)
+
+// RunStatus is the state of a run.
+type RunStatus string
+
+// Run statuses. A run is created running; the other three are terminal.
+const (
+	RunRunning   RunStatus = "running"
+	RunCompleted RunStatus = "completed"
+	RunFailed    RunStatus = "failed"
+	RunCancelled RunStatus = "cancelled"
+)
+
+// Terminal reports whether the status is final.
+func (s RunStatus) Terminal() bool { return s != RunRunning }
+
+// TaskState is the state of one node's task.
+type TaskState string
+
+// Task states. pending, running and waiting are active; the rest are final.
+const (
+	TaskPending   TaskState = "pending"   // dispatched, waiting for a worker's lease
+	TaskRunning   TaskState = "running"   // leased by a worker
+	TaskWaiting   TaskState = "waiting"   // a sleep or wait node waiting for its timer or signal
+	TaskCompleted TaskState = "completed" // finished with an output
+	TaskFailed    TaskState = "failed"    // failed after its last attempt
+	TaskSkipped   TaskState = "skipped"   // its condition was false or its upstream was skipped
+	TaskCancelled TaskState = "cancelled" // the run ended before it finished
+)
+
+// Active reports whether the task may still change.
+func (s TaskState) Active() bool { return s == TaskPending || s == TaskRunning || s == TaskWaiting }
+
+// Done reports whether the task lets its dependents run.
+func (s TaskState) Done() bool { return s == TaskCompleted || s == TaskSkipped }
+
+// Error describes why a task or a run failed.
+type Error struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Node    string          `json:"node,omitempty"`
+	Details json.RawMessage `json:"details,omitempty"`
+}
+
+// Error codes set by the engine (workers add their own, e.g. "http_status").
+const (
+	CodeNodeFailed        = "node_failed"
+	CodeExpression        = "expression_error"
+	CodeRunTimeout        = "run_timeout"
+	CodeWaitTimeout       = "wait_timeout"
+	CodeScheduleToStart   = "schedule_to_start_timeout"
+	CodeApprovalRejected  = "approval_rejected"
+	CodeLeaseExpired      = "lease_expired"
+	CodeMaxDeliveries     = "max_deliveries"
+	CodeExecutionTimeout  = "execution_timeout"
+	CodeCancelled         = "cancelled"
+	CodeOutputExpression  = "output_expression_error"
+	CodeInvalidDefinition = "invalid_definition"
+)
+
+// Run is the state of a run as the coordinator loaded it.
+type Run struct {
+	ID     string
+	Status RunStatus
+	Input  json.RawMessage
+	// Tasks holds the task of every node that has one, by node id. Nodes
+	// that have not become ready have none.
+	Tasks map[string]*Task
+	// Signals are received signals no wait node has consumed yet, oldest first.
+	Signals []Signal
+}
+
+// Task is one node's task.
+type Task struct {
+	ID      string
+	NodeID  string
+	State   TaskState
+	Attempt int
+	Output  json.RawMessage
+	Error   *Error
+}
+
+// Signal is a named message sent to a run; a wait node for its name
+// consumes it.
+type Signal struct {
+	ID      string
+	Name    string
+	Payload json.RawMessage
+}
+
+// TimerKind names what a timer is for.
+type TimerKind string
+
+// Timer kinds.
+const (
+	TimerSleep           TimerKind = "sleep"             // a sleep node's duration is over
+	TimerWaitTimeout     TimerKind = "wait_timeout"      // a wait node waited too long
+	TimerScheduleToStart TimerKind = "schedule_to_start" // an attempt waited too long for a worker
+	TimerRunTimeout      TimerKind = "run_timeout"       // the whole run took too long
+)
+
+// Event is one input to a run.
+type Event interface{ eventKind() string }
+
+// Kind returns a short name of the event's type, for logs and the timeline.
+func Kind(e Event) string { return e.eventKind() }
+
+// RunStarted starts a newly created run.
+type RunStarted struct{}
+
+// NodeCompleted is a worker's successful result.
+type NodeCompleted struct {
+	NodeID  string
+	TaskID  string
+	Attempt int
+	Output  json.RawMessage
+}
+
+// NodeFailed is a failed attempt. Retryable failures are retried while the
+// node has attempts left; RetryAfter (e.g. from an HTTP Retry-After header)
+// sets a floor under the backoff.
+type NodeFailed struct {
+	NodeID     string
+	TaskID     string
+	Attempt    int
+	Error      Error
+	Retryable  bool
+	RetryAfter time.Duration
+}
+
+// TimerFired is a due timer. Run timeouts carry no node.
+type TimerFired struct {
+	Kind    TimerKind
+	NodeID  string
+	TaskID  string
+	Attempt int
+}
+
+// SignalReceived delivers a new signal (the coordinator has already dropped
+// repeats of the same signal id).
+type SignalReceived struct{ Signal Signal }
+
+// CancelRequested cancels the run.
+type CancelRequested struct{ Reason string }
+
+// RerunRequested re-runs a failed or cancelled run from the nodes that did
+// not finish; completed nodes keep their outputs.
+type RerunRequested struct{}
+
+func (RunStarted) eventKind() string      { return "run_started" }
+func (NodeCompleted) eventKind() string   { return "node_completed" }
+func (NodeFailed) eventKind() string      { return "node_failed" }
+func (TimerFired) eventKind() string      { return "timer_fired" }
+func (SignalReceived) eventKind() string  { return "signal_received" }
+func (CancelRequested) eventKind() string { return "cancel_requested" }
+func (RerunRequested) eventKind() string  { return "rerun_requested" }
+
+// Action is one change the coordinator must persist. Actions are ordered:
+// persist them in the order given.
+type Action interface{ actionKind() string }
+
+// ActionKind returns a short name of the action's type.
+func ActionKind(a Action) string { return a.actionKind() }
+
+// CreateTask creates the task of a node that became ready. State is pending
+// for worker nodes (a Dispatch follows), waiting for sleep and wait nodes,
+// or already final (skipped; completed by a buffered signal; failed when its
+// expressions could not be evaluated).
+type CreateTask struct {
+	NodeID      string
+	Type        dag.NodeType
+	Queue       string
+	State       TaskState
+	MaxAttempts int
+	Input       json.RawMessage
+	Output      json.RawMessage
+	Error       *Error
+	// Reason says why a task was created already skipped.
+	Reason string
+}
+
+// Dispatch sends a worker node's attempt to its queue, no earlier than
+// NotBefore.
+type Dispatch struct {
+	NodeID    string
+	Attempt   int
+	NotBefore time.Time
+}
+
+// ScheduleTimer schedules a timer. NodeID and Attempt are empty for a run
+// timeout.
+type ScheduleTimer struct {
+	Kind    TimerKind
+	NodeID  string
+	Attempt int
+	FireAt  time.Time
+}
+
+// CompleteTask records an active task's output.
+type CompleteTask struct {
+	NodeID  string
+	TaskID  string
+	Attempt int
+	Output  json.RawMessage
+}
+
+// RetryTask resets a failed attempt to pending with the next attempt number
+// (in the same statement, so the old attempt can never match again) and
+// dispatches it at NotBefore.
+type RetryTask struct {
+	NodeID    string
+	TaskID    string
+	Attempt   int // the attempt that failed
+	Error     Error
+	NotBefore time.Time
+}
+
+// FailTask fails a task for good.
+type FailTask struct {
+	NodeID  string
+	TaskID  string
+	Attempt int
+	Error   Error
+}
+
+// CancelTask cancels an active task; a running one loses its lease.
+type CancelTask struct {
+	NodeID string
+	TaskID string
+}
+
+// ResetNode removes a node's unfinished task so that a rerun creates a new
+// one (with a new id, so receivers do not replay an old attempt's answer).
+type ResetNode struct {
+	NodeID string
+	TaskID string
+}
+
+// RecordSignal stores a received signal; ConsumedBy names the wait node it
+// resolved, or is empty when it is kept for a wait node not yet reached.
+type RecordSignal struct {
+	Signal     Signal
+	ConsumedBy string
+}
+
+// ConsumeSignal marks a stored signal as consumed by a wait node.
+type ConsumeSignal struct {
+	SignalID string
+	NodeID   string
+}
+
+// CompleteRun ends the run successfully.
+type CompleteRun struct{ Output json.RawMessage }
+
+// FailRun ends the run with an error.
+type FailRun struct{ Error Error }
+
+// CancelRun ends the run as cancelled.
+type CancelRun struct{ Reason string }
+
+// ReopenRun puts a failed or cancelled run back to running for a rerun.
+type ReopenRun struct{}
+
+func (CreateTask) actionKind() string    { return "create_task" }
+func (Dispatch) actionKind() string      { return "dispatch" }
+func (ScheduleTimer) actionKind() string { return "schedule_timer" }
+func (CompleteTask) actionKind() string  { return "complete_task" }
+func (RetryTask) actionKind() string     { return "retry_task" }
+func (FailTask) actionKind() string      { return "fail_task" }
+func (CancelTask) actionKind() string    { return "cancel_task" }
+func (ResetNode) actionKind() string     { return "reset_node" }
+func (RecordSignal) actionKind() string  { return "record_signal" }
+func (ConsumeSignal) actionKind() string { return "consume_signal" }
+func (CompleteRun) actionKind() string   { return "complete_run" }
+func (FailRun) actionKind() string       { return "fail_run" }
+func (CancelRun) actionKind() string     { return "cancel_run" }
+func (ReopenRun) actionKind() string     { return "reopen_run" }
+
+// Transition is Decide's answer.
+type Transition struct {
+	// Actions to persist, in order. Empty when Ignored.
+	Actions []Action
+	// Ignored is set for stale, duplicate or irrelevant events; Reason says why.
+	Ignored bool
+	Reason  string
+	// Status is the run's status after the transition.
+	Status RunStatus
+}

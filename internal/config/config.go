@@ -1,0 +1,227 @@
+// Package config reads Composer's typed configuration from environment
+// variables. Every variable has a default that points at local services, so a
+// development machine needs none of them; a bad value is reported with the
+// variable's name.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole process configuration. The zero value is not useful:
+// build it with Load (or Defaults in tests).
+type Config struct {
+	// DatabaseURL connects as composer_app, the role bound by row-level security.
+	// Every request-path and per-run transaction uses it.
+	DatabaseURL string
+	// SystemDatabaseURL connects as composer_system (BYPASSRLS), used only by
+	// the cross-tenant loops: outbox claims, sweeps, timers, key lookups.
+	SystemDatabaseURL string
+	// MigrateDatabaseURL connects as composer_owner, which owns the schema.
+	MigrateDatabaseURL string
+	// RedisURL is the Redis that carries task streams.
+	RedisURL string
+
+	// HTTPAddr is where `composer server` listens (GraphQL and the task API).
+	HTTPAddr string
+	// ServerURL is where workers reach the task API.
+	ServerURL string
+	// WorkerToken authenticates platform workers to the task API.
+	WorkerToken string
+
+	// Dev turns on development conveniences: console logs, introspection,
+	// plain-http webhook URLs. Never set it in production.
+	Dev bool
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+
+	// OTLPEndpoint, when set, exports traces and metrics over OTLP/HTTP.
+	OTLPEndpoint string
+
+	// LeaseTTL is how long a worker's lease lasts without renewal.
+	LeaseTTL time.Duration
+	// SweepInterval is how often the recovery sweeps and timers run.
+	SweepInterval time.Duration
+	// LostDispatchAge is how long a pending task may sit without an outbox
+	// row before the sweep dispatches it again.
+	LostDispatchAge time.Duration
+	// OutboxPollInterval is the fallback poll when no NOTIFY arrives.
+	OutboxPollInterval time.Duration
+	// DefaultStreamShards is the shard count given to new tenants.
+	DefaultStreamShards int
+	// RetentionMonths is how many whole months of run data are kept.
+	RetentionMonths int
+
+	// AllowPrivateNetworks lists CIDRs that outbound requests to tenant URLs
+	// may reach although they are private (local development and tests only).
+	AllowPrivateNetworks []string
+}
+
+// Defaults returns the configuration used when no variable is set.
+func Defaults() Config {
+	return Config{
+		DatabaseURL:         "postgres://composer_app:composer@127.0.0.1:5432/composer?sslmode=disable",
+		SystemDatabaseURL:   "postgres://composer_system:composer@127.0.0.1:5432/composer?sslmode=disable",
+		MigrateDatabaseURL:  "postgres://composer_owner:composer@127.0.0.1:5432/composer?sslmode=disable",
+		RedisURL:            "redis://127.0.0.1:6379/0",
+		HTTPAddr:            "127.0.0.1:8080",
+		ServerURL:           "http://127.0.0.1:8080",
+		LogLevel:            "info",
+		LeaseTTL:            30 * time.Second,
+		SweepInterval:       5 * time.Second,
+		LostDispatchAge:     2 * time.Minute,
+		OutboxPollInterval:  time.Second,
+		DefaultStreamShards: 4,
+		RetentionMonths:     3,
+	}
+}
+
+// Load reads the environment on top of Defaults. It returns every problem
+// found, each naming its variable.
+func Load() (Config, error) { return load(os.LookupEnv) }
+
+func load(lookup func(string) (string, bool)) (Config, error) {
+	c := Defaults()
+	p := parser{lookup: lookup}
+	p.url("COMPOSER_DATABASE_URL", &c.DatabaseURL, "postgres", "postgresql")
+	p.url("COMPOSER_SYSTEM_DATABASE_URL", &c.SystemDatabaseURL, "postgres", "postgresql")
+	p.url("COMPOSER_MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL, "postgres", "postgresql")
+	p.url("COMPOSER_REDIS_URL", &c.RedisURL, "redis", "rediss")
+	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
+	p.url("COMPOSER_SERVER_URL", &c.ServerURL, "http", "https")
+	p.str("COMPOSER_WORKER_TOKEN", &c.WorkerToken)
+	p.boolean("COMPOSER_DEV", &c.Dev)
+	p.oneOf("COMPOSER_LOG_LEVEL", &c.LogLevel, "debug", "info", "warn", "error")
+	p.str("COMPOSER_OTLP_ENDPOINT", &c.OTLPEndpoint)
+	p.duration("COMPOSER_LEASE_TTL", &c.LeaseTTL, time.Second)
+	p.duration("COMPOSER_SWEEP_INTERVAL", &c.SweepInterval, 10*time.Millisecond)
+	p.duration("COMPOSER_LOST_DISPATCH_AGE", &c.LostDispatchAge, 10*time.Millisecond)
+	p.duration("COMPOSER_OUTBOX_POLL_INTERVAL", &c.OutboxPollInterval, time.Millisecond)
+	p.integer("COMPOSER_DEFAULT_STREAM_SHARDS", &c.DefaultStreamShards, 1, 256)
+	p.integer("COMPOSER_RETENTION_MONTHS", &c.RetentionMonths, 1, 1200)
+	p.list("COMPOSER_ALLOW_PRIVATE_NETWORKS", &c.AllowPrivateNetworks)
+	return c, errors.Join(p.errs...)
+}
+
+type parser struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+func (p *parser) get(name string) (string, bool) {
+	v, ok := p.lookup(name)
+	if !ok || strings.TrimSpace(v) == "" {
+		return "", false
+	}
+	return strings.TrimSpace(v), true
+}
+
+func (p *parser) fail(name, format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+}
+
+func (p *parser) str(name string, dst *string) {
+	if v, ok := p.get(name); ok {
+		*dst = v
+	}
+}
+
+func (p *parser) url(name string, dst *string, schemes ...string) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	u, err := url.Parse(v)
+	if err != nil {
+		p.fail(name, "not a URL") // the value may hold a password: never echo it
+		return
+	}
+	for _, s := range schemes {
+		if u.Scheme == s {
+			*dst = v
+			return
+		}
+	}
+	p.fail(name, "scheme %q is not one of %s", u.Scheme, strings.Join(schemes, ", "))
+}
+
+func (p *parser) boolean(name string, dst *bool) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		p.fail(name, "%q is not a boolean (use true or false)", v)
+		return
+	}
+	*dst = b
+}
+
+func (p *parser) oneOf(name string, dst *string, allowed ...string) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	for _, a := range allowed {
+		if v == a {
+			*dst = v
+			return
+		}
+	}
+	p.fail(name, "%q is not one of %s", v, strings.Join(allowed, ", "))
+}
+
+func (p *parser) duration(name string, dst *time.Duration, minimum time.Duration) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		p.fail(name, "%q is not a duration (e.g. 30s, 5m)", v)
+		return
+	}
+	if d < minimum {
+		p.fail(name, "%s is below the minimum %s", d, minimum)
+		return
+	}
+	*dst = d
+}
+
+func (p *parser) integer(name string, dst *int, lo, hi int) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		p.fail(name, "%q is not an integer", v)
+		return
+	}
+	if n < lo || n > hi {
+		p.fail(name, "%d is outside %d..%d", n, lo, hi)
+		return
+	}
+	*dst = n
+}
+
+func (p *parser) list(name string, dst *[]string) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	var out []string
+	for _, part := range strings.Split(v, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	*dst = out
+}

@@ -1,0 +1,56 @@
+package config
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestLoadDefaultsPointAtLocalServices(t *testing.T) {
+	c, err := load(env(nil))
+	require.NoError(t, err)
+	assert.Equal(t, Defaults(), c)
+	assert.Contains(t, c.DatabaseURL, "127.0.0.1")
+	assert.Contains(t, c.RedisURL, "127.0.0.1")
+}
+
+func TestLoadReadsVariables(t *testing.T) {
+	c, err := load(env(map[string]string{
+		"COMPOSER_DATABASE_URL":           "postgres://a@db:5432/x",
+		"COMPOSER_REDIS_URL":              "redis://cache:6379/2",
+		"COMPOSER_DEV":                    "true",
+		"COMPOSER_LEASE_TTL":              "3s",
+		"COMPOSER_DEFAULT_STREAM_SHARDS":  "8",
+		"COMPOSER_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8, ::1/128",
+	}))
+	require.NoError(t, err)
+	assert.Equal(t, "postgres://a@db:5432/x", c.DatabaseURL)
+	assert.Equal(t, "redis://cache:6379/2", c.RedisURL)
+	assert.True(t, c.Dev)
+	assert.Equal(t, 3*time.Second, c.LeaseTTL)
+	assert.Equal(t, 8, c.DefaultStreamShards)
+	assert.Equal(t, []string{"127.0.0.0/8", "::1/128"}, c.AllowPrivateNetworks)
+}
+
+func TestLoadNamesEveryBadVariable(t *testing.T) {
+	_, err := load(env(map[string]string{
+		"COMPOSER_DATABASE_URL":          "mysql://secret-password@x/y",
+		"COMPOSER_DEV":                   "maybe",
+		"COMPOSER_LEASE_TTL":             "soon",
+		"COMPOSER_DEFAULT_STREAM_SHARDS": "0",
+		"COMPOSER_LOG_LEVEL":             "loud",
+	}))
+	require.Error(t, err)
+	msg := err.Error()
+	for _, name := range []string{"COMPOSER_DATABASE_URL", "COMPOSER_DEV", "COMPOSER_LEASE_TTL",
+		"COMPOSER_DEFAULT_STREAM_SHARDS", "COMPOSER_LOG_LEVEL"} {
+		assert.Contains(t, msg, name)
+	}
+	assert.NotContains(t, msg, "secret-password", "a URL's credentials must never be echoed")
+}

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# services.sh prepares the local services Composer needs: PostgreSQL 15+ and
+# Redis 7. It installs them with apt-get when absent, starts them when down,
+# and creates the roles and the development database. Safe to run any number
+# of times; every step checks before it acts.
+#
+# Environment (all optional):
+#   COMPOSER_PG_HOST / COMPOSER_PG_PORT      default 127.0.0.1 / 5432
+#   COMPOSER_REDIS_PORT                      default 6379
+#   COMPOSER_DB_NAME                         default composer
+#   COMPOSER_ROLE_PASSWORD                   development password of the three roles (default composer)
+set -euo pipefail
+
+PG_HOST=${COMPOSER_PG_HOST:-127.0.0.1}
+PG_PORT=${COMPOSER_PG_PORT:-5432}
+REDIS_PORT=${COMPOSER_REDIS_PORT:-6379}
+DB_NAME=${COMPOSER_DB_NAME:-composer}
+ROLE_PASSWORD=${COMPOSER_ROLE_PASSWORD:-composer}
+
+log() { printf 'services: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else log "need root to run: $*"; return 1
+  fi
+}
+
+apt_install() {
+  log "installing $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# --- PostgreSQL -------------------------------------------------------------
+
+pg_ready() { pg_isready -q -h "$PG_HOST" -p "$PG_PORT" 2>/dev/null; }
+
+ensure_postgres() {
+  if ! command -v pg_isready >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+    if pg_ready 2>/dev/null; then return 0; fi
+    apt_install postgresql postgresql-client
+  fi
+  if pg_ready; then return 0; fi
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    if [ -z "$(pg_lsclusters -h 2>/dev/null)" ]; then
+      ver=$(ls /usr/lib/postgresql | sort -n | tail -1)
+      log "creating PostgreSQL $ver cluster"
+      as_root pg_createcluster "$ver" main --port "$PG_PORT" >/dev/null
+    fi
+    pg_lsclusters -h | while read -r ver name port status _; do
+      if [ "$port" = "$PG_PORT" ] && [ "$status" != "online" ]; then
+        log "starting PostgreSQL $ver/$name"
+        as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" start
+      fi
+    done
+  fi
+  for _ in $(seq 1 60); do pg_ready && return 0; sleep 0.5; done
+  log "PostgreSQL did not become ready on $PG_HOST:$PG_PORT"; return 1
+}
+
+# psql_super runs SQL as a superuser: over TCP as postgres when the server
+# trusts it, else through the local socket as the postgres OS user.
+psql_super() {
+  if psql -X -q -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -w -c 'select 1' >/dev/null 2>&1; then
+    psql -X -q -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -w "$@"
+  else
+    as_root runuser -u postgres -- psql -X -q -v ON_ERROR_STOP=1 -p "$PG_PORT" -d postgres "$@"
+  fi
+}
+
+ensure_roles_and_db() {
+  local major
+  major=$(psql_super -At -c 'show server_version_num')
+  if [ "$major" -lt 150000 ]; then log "PostgreSQL 15 or newer is required (found $major)"; return 1; fi
+  # composer_owner owns every object and runs migrations (CREATEDB lets the
+  # test harness clone databases); composer_app is the RLS-bound request
+  # role; composer_system bypasses RLS for the cross-tenant loops only.
+  psql_super -v pw="$ROLE_PASSWORD" <<'SQL'
+SELECT format('CREATE ROLE %I LOGIN', r) FROM unnest(ARRAY['composer_owner','composer_app','composer_system']) r
+ WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) \gexec
+ALTER ROLE composer_owner LOGIN CREATEDB NOSUPERUSER NOBYPASSRLS PASSWORD :'pw';
+ALTER ROLE composer_app LOGIN NOCREATEDB NOSUPERUSER NOBYPASSRLS PASSWORD :'pw';
+ALTER ROLE composer_system LOGIN NOCREATEDB NOSUPERUSER BYPASSRLS PASSWORD :'pw';
+SQL
+  psql_super -v db="$DB_NAME" <<'SQL'
+SELECT format('CREATE DATABASE %I OWNER composer_owner', :'db')
+ WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = :'db') \gexec
+SQL
+}
+
+# --- Redis --------------------------------------------------------------------
+
+redis_ready() { redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
+
+ensure_redis() {
+  if command -v redis-cli >/dev/null 2>&1 && redis_ready; then return 0; fi
+  if ! command -v redis-server >/dev/null 2>&1; then apt_install redis-server; fi
+  if redis_ready; then return 0; fi
+  log "starting Redis on 127.0.0.1:$REDIS_PORT"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+    --dir /tmp --logfile /tmp/composer-redis.log
+  for _ in $(seq 1 40); do redis_ready && return 0; sleep 0.25; done
+  log "Redis did not become ready"; return 1
+}
+
+# The race detector (`make test`) needs cgo, hence a C compiler.
+ensure_toolchain() {
+  if ! command -v gcc >/dev/null 2>&1; then apt_install gcc libc6-dev; fi
+}
+
+ensure_toolchain
+ensure_postgres
+ensure_roles_and_db
+ensure_redis
+log "PostgreSQL on $PG_HOST:$PG_PORT (database $DB_NAME) and Redis on 127.0.0.1:$REDIS_PORT are ready"
