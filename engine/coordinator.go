@@ -1,0 +1,535 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/engine/dag"
+	sm "github.com/composer-dev/composer/engine/statemachine"
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// MaxInputBytes bounds a run's input and a task's output.
+const MaxInputBytes = 1 << 20
+
+// Options configures a Coordinator.
+type Options struct {
+	Logger *zap.Logger
+	// Wake, when set, is called after a commit that added outbox rows, so an
+	// enqueuer in the same process publishes at once.
+	Wake func()
+	// OnTransition, when set, is called after every committed transition
+	// (e.g. to publish live updates).
+	OnTransition func(Transition)
+}
+
+// Transition describes a committed transition, for after-commit observers.
+type Transition struct {
+	Tenant   uuid.UUID
+	RunID    uuid.UUID
+	Event    string
+	Status   sm.RunStatus
+	Terminal bool // the transition ended the run
+}
+
+// Coordinator applies events to runs. It is stateless apart from a cache of
+// immutable definitions: any number of replicas may run against one
+// database. It is safe for concurrent use.
+type Coordinator struct {
+	db   *tenants.DB
+	log  *zap.Logger
+	defs *defCache
+	opts Options
+	// fault, in tests, makes persisting fail at a given action index.
+	fault func(action int) bool
+}
+
+// NewCoordinator returns a coordinator over db.
+func NewCoordinator(db *tenants.DB, o Options) *Coordinator {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o}
+}
+
+// Ack answers a report or command. Ignored events are acknowledged too:
+// the sender must stop retrying them.
+type Ack struct {
+	Ignored bool
+	Reason  string
+	Status  sm.RunStatus
+}
+
+// StartRun asks to start a run of a workflow.
+type StartRun struct {
+	// WorkflowID or WorkflowName selects the workflow.
+	WorkflowID   uuid.UUID
+	WorkflowName string
+	// Version picks a version; 0 means the latest.
+	Version int
+	// Input is the run input, a JSON object (empty means {}).
+	Input json.RawMessage
+	// IdempotencyKey makes the start idempotent: starting again with the
+	// same key returns the same run.
+	IdempotencyKey string
+	// RerunOf links a re-run to the run it repeats.
+	RerunOf uuid.UUID
+}
+
+// Started is StartRun's answer.
+type Started struct {
+	RunID uuid.UUID
+	// Created is false when the idempotency key named an existing run.
+	Created bool
+	Status  sm.RunStatus
+}
+
+// StartRun creates and starts a run in one transaction. With an
+// idempotency key, concurrent and repeated starts return the same run; the
+// same key with a different workflow or input is a Conflict.
+func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartRun) (Started, error) {
+	input, err := normalizeInput(req.Input)
+	if err != nil {
+		return Started{}, err
+	}
+	if len(req.IdempotencyKey) > 255 {
+		return Started{}, errs.E(errs.Invalid, "idempotency key is longer than 255 characters")
+	}
+	if req.Version < 0 {
+		return Started{}, errs.E(errs.Invalid, "version must be positive")
+	}
+	var out Started
+	var tr sm.Transition
+	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		out, tr = Started{}, sm.Transition{}
+		wid, version, err := resolveWorkflow(ctx, tx, req)
+		if err != nil {
+			return err
+		}
+		runID := uuid.Must(uuid.NewV7())
+		if req.IdempotencyKey != "" {
+			h := requestHash(wid, req.Version, input)
+			var existing uuid.UUID
+			var existingHash []byte
+			err := tx.QueryRow(ctx, `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
+				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`, tenant, req.IdempotencyKey, runID, h).Scan(&existing)
+			if errors.Is(err, pgx.ErrNoRows) {
+				// Taken, possibly by a start that committed while we waited.
+				if err := tx.QueryRow(ctx, `SELECT run_id, request_hash FROM run_idempotency_keys WHERE tenant_id = $1 AND key = $2`,
+					tenant, req.IdempotencyKey).Scan(&existing, &existingHash); err != nil {
+					return fmt.Errorf("read idempotency key: %w", err)
+				}
+				if string(existingHash) != string(h) {
+					return errs.E(errs.Conflict, "idempotency key %q was already used with a different workflow or input", req.IdempotencyKey)
+				}
+				var status string
+				if err := tx.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE tenant_id = $1 AND id = $2`, tenant, existing).Scan(&status); err != nil {
+					return fmt.Errorf("read existing run: %w", err)
+				}
+				out = Started{RunID: existing, Status: sm.RunStatus(status)}
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("claim idempotency key: %w", err)
+			}
+		}
+		def, err := c.defs.load(ctx, tx, wid, version)
+		if err != nil {
+			return err
+		}
+		var now time.Time
+		var rerunOf *uuid.UUID
+		if req.RerunOf != uuid.Nil {
+			rerunOf = &req.RerunOf
+		}
+		err = tx.QueryRow(ctx, `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent)
+			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, '')) RETURNING created_at`,
+			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx)).Scan(&now)
+		if err != nil {
+			return fmt.Errorf("insert run: %w", err)
+		}
+		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
+		tr = sm.Decide(def.wf, run, sm.RunStarted{}, now)
+		if tr.Ignored {
+			return fmt.Errorf("a new run was not started: %s", tr.Reason)
+		}
+		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx)}
+		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
+			return err
+		}
+		out = Started{RunID: runID, Created: true, Status: tr.Status}
+		c.afterCommit(tx, runID, sm.RunStarted{}, tr, p.dispatched)
+		return nil
+	})
+	if err != nil {
+		return Started{}, err
+	}
+	return out, nil
+}
+
+func normalizeInput(in json.RawMessage) (json.RawMessage, error) {
+	if len(strings.TrimSpace(string(in))) == 0 {
+		return json.RawMessage(`{}`), nil
+	}
+	if len(in) > MaxInputBytes {
+		return nil, errs.E(errs.Invalid, "input is %d bytes; the limit is %d", len(in), MaxInputBytes)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(in, &obj); err != nil {
+		return nil, errs.E(errs.Invalid, "input must be a JSON object")
+	}
+	return in, nil
+}
+
+func resolveWorkflow(ctx context.Context, tx *tenants.Tx, req StartRun) (uuid.UUID, int, error) {
+	var id uuid.UUID
+	var latest int
+	var err error
+	switch {
+	case req.WorkflowID != uuid.Nil:
+		err = tx.QueryRow(ctx, `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`, tx.Tenant, req.WorkflowID).Scan(&id, &latest)
+	case req.WorkflowName != "":
+		err = tx.QueryRow(ctx, `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`, tx.Tenant, req.WorkflowName).Scan(&id, &latest)
+	default:
+		return uuid.Nil, 0, errs.E(errs.Invalid, "name a workflow by id or name")
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return uuid.Nil, 0, errs.E(errs.NotFound, "workflow not found")
+	}
+	if err != nil {
+		return uuid.Nil, 0, fmt.Errorf("resolve workflow: %w", err)
+	}
+	v := req.Version
+	if v == 0 {
+		v = latest
+	}
+	if v > latest {
+		return uuid.Nil, 0, errs.E(errs.NotFound, "workflow version %d not found (latest is %d)", v, latest)
+	}
+	return id, v, nil
+}
+
+// requestHash identifies what an idempotent start asked for.
+func requestHash(workflow uuid.UUID, version int, input json.RawMessage) []byte {
+	h := sha256.New()
+	h.Write(workflow[:])
+	fmt.Fprintf(h, "/%d/", version)
+	var v any
+	if json.Unmarshal(input, &v) == nil {
+		canon, _ := json.Marshal(v) // sorted keys: equal inputs hash equal
+		h.Write(canon)
+	}
+	return h.Sum(nil)
+}
+
+func traceParent(ctx context.Context) string {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	otel.GetTextMapPropagator().Inject(ctx, carrier)
+	return carrier["traceparent"]
+}
+
+// Report is a worker's result for one attempt of a task.
+type Report struct {
+	RunID   uuid.UUID
+	TaskID  uuid.UUID
+	NodeID  string
+	Attempt int
+	// LeaseOwner, when set, must hold the task's lease for the report to
+	// apply (the attempt fence applies either way).
+	LeaseOwner string
+	Output     json.RawMessage
+	Error      sm.Error
+	Retryable  bool
+	RetryAfter time.Duration
+}
+
+// CompleteTask applies a successful result.
+func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Report) (Ack, error) {
+	if len(r.Output) > MaxInputBytes {
+		return c.FailTask(ctx, tenant, Report{RunID: r.RunID, TaskID: r.TaskID, NodeID: r.NodeID, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner,
+			Error: sm.Error{Code: "output_too_large", Message: fmt.Sprintf("output is %d bytes; the limit is %d", len(r.Output), MaxInputBytes)}})
+	}
+	if len(r.Output) > 0 && !json.Valid(r.Output) {
+		return Ack{}, errs.E(errs.Invalid, "output is not valid JSON")
+	}
+	ev := sm.NodeCompleted{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Output: r.Output}
+	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner},
+		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+}
+
+// FailTask applies a failed attempt.
+func (c *Coordinator) FailTask(ctx context.Context, tenant uuid.UUID, r Report) (Ack, error) {
+	if r.Error.Code == "" {
+		r.Error.Code = "task_failed"
+	}
+	ev := sm.NodeFailed{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Error: r.Error, Retryable: r.Retryable, RetryAfter: r.RetryAfter}
+	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner},
+		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+}
+
+// CancelRun cancels a run: pending tasks are cancelled, running ones lose
+// their lease at the next renewal, finished outputs are kept.
+func (c *Coordinator) CancelRun(ctx context.Context, tenant, runID uuid.UUID, reason string) (Ack, error) {
+	if len(reason) > 1000 {
+		reason = reason[:1000]
+	}
+	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) {
+		return sm.CancelRequested{Reason: reason}, nil
+	})
+}
+
+// Signal is a named message to a run. ID makes delivery idempotent: a
+// signal whose id the run already has is acknowledged and ignored.
+type Signal struct {
+	ID      string
+	Name    string
+	Payload json.RawMessage
+}
+
+// SignalRun delivers a signal (or an approval decision) to a run.
+func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s Signal) (Ack, error) {
+	if s.ID == "" {
+		s.ID = uuid.Must(uuid.NewV7()).String()
+	}
+	if len(s.ID) > 255 || s.Name == "" || len(s.Name) > 128 {
+		return Ack{}, errs.E(errs.Invalid, "a signal needs a name (at most 128 characters) and an id of at most 255")
+	}
+	payload, err := normalizeInput(s.Payload)
+	if err != nil {
+		return Ack{}, errs.E(errs.Invalid, "signal payload must be a JSON object")
+	}
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
+		var dup bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3)`,
+			tx.Tenant, runID, s.ID).Scan(&dup); err != nil {
+			return nil, fmt.Errorf("check signal: %w", err)
+		}
+		if dup {
+			return nil, ignored("signal %s was already delivered", s.ID)
+		}
+		return sm.SignalReceived{Signal: sm.Signal{ID: s.ID, Name: s.Name, Payload: payload}}, nil
+	})
+}
+
+// RerunRun re-runs a failed or cancelled run from the nodes that did not
+// finish; finished nodes keep their outputs.
+func (c *Coordinator) RerunRun(ctx context.Context, tenant, runID uuid.UUID) (Ack, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) {
+		return sm.RerunRequested{}, nil
+	})
+}
+
+// FireTimer fires a due timer. The timer row is deleted in the same
+// transaction whether or not the state machine still cares, so a moot
+// timer fires once and is gone; a timer already fired is ignored.
+func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, timerID int64) (Ack, error) {
+	return c.apply(ctx, tenant, runID, eventRef{commitIgnored: true}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
+		var kind, node string
+		var task *uuid.UUID
+		var attempt *int
+		err := tx.QueryRow(ctx, `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
+			RETURNING kind, coalesce(node_id, ''), task_id, attempt`, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, ignored("timer %d already fired", timerID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("take timer: %w", err)
+		}
+		ev := sm.TimerFired{Kind: sm.TimerKind(kind), NodeID: node}
+		if task != nil {
+			ev.TaskID = task.String()
+		}
+		if attempt != nil {
+			ev.Attempt = *attempt
+		}
+		return ev, nil
+	})
+}
+
+// ignoredError ends an event's transaction without applying it.
+type ignoredError struct{ reason string }
+
+func (e ignoredError) Error() string { return "ignored: " + e.reason }
+
+func ignored(format string, args ...any) error { return ignoredError{fmt.Sprintf(format, args...)} }
+
+// eventRef identifies what an event is about, for the timeline and the SQL
+// guards.
+type eventRef struct {
+	node    string
+	task    uuid.UUID
+	attempt int
+	owner   string
+	// commitIgnored commits the transaction even when the event is ignored
+	// (a fired timer must be consumed either way).
+	commitIgnored bool
+}
+
+// apply is the one path every event of an existing run takes: lock the
+// run, load it, decide, persist, commit.
+func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref eventRef,
+	prepare func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error)) (Ack, error) {
+	var ack Ack
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		ack = Ack{}
+		row, run, err := loadRun(ctx, tx, runID)
+		if err != nil {
+			return err
+		}
+		def, err := c.defs.load(ctx, tx, row.workflowID, row.version)
+		if err != nil {
+			return err
+		}
+		ev, err := prepare(ctx, tx, run)
+		var ig ignoredError
+		if errors.As(err, &ig) {
+			ack = Ack{Ignored: true, Reason: ig.reason, Status: run.Status}
+			if ref.commitIgnored {
+				return nil
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		tr := sm.Decide(def.wf, run, ev, row.now)
+		if tr.Ignored {
+			ack = Ack{Ignored: true, Reason: tr.Reason, Status: tr.Status}
+			if ref.commitIgnored {
+				return nil
+			}
+			return ignoredError{tr.Reason}
+		}
+		p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx)}
+		for id, t := range run.Tasks {
+			p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
+		}
+		if err := p.persist(ctx, ev, tr, ref); err != nil {
+			if errors.As(err, &ig) {
+				ack = Ack{Ignored: true, Reason: ig.reason, Status: run.Status}
+			}
+			return err
+		}
+		ack = Ack{Status: tr.Status}
+		c.afterCommit(tx, runID, ev, tr, p.dispatched)
+		return nil
+	})
+	var ig ignoredError
+	if errors.As(err, &ig) {
+		return ack, nil
+	}
+	return ack, err
+}
+
+type runRow struct {
+	workflowID uuid.UUID
+	version    int
+	now        time.Time
+}
+
+// loadRun locks the run row and reads the run's state in one round trip.
+// The lock is an UPDATE (FOR NO KEY UPDATE), which serialises events of one
+// run without blocking the foreign-key checks of task and event inserts.
+func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.Run, error) {
+	b := &pgx.Batch{}
+	var row runRow
+	var status string
+	var input []byte
+	b.Queue(`UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
+		RETURNING workflow_id, workflow_version, status, input, now()`, tx.Tenant, runID).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now) })
+	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
+	b.Queue(`SELECT id, node_id, state, attempt, output, last_error FROM task_instances WHERE tenant_id = $1 AND run_id = $2`, tx.Tenant, runID).
+		Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id uuid.UUID
+				var t sm.Task
+				var state string
+				var out, lastErr []byte
+				if err := rows.Scan(&id, &t.NodeID, &state, &t.Attempt, &out, &lastErr); err != nil {
+					return err
+				}
+				t.ID, t.State, t.Output = id.String(), sm.TaskState(state), out
+				if lastErr != nil {
+					t.Error = &sm.Error{}
+					_ = json.Unmarshal(lastErr, t.Error)
+				}
+				run.Tasks[t.NodeID] = &t
+			}
+			return rows.Err()
+		})
+	b.Queue(`SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL ORDER BY created_at, id`, tx.Tenant, runID).
+		Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var s sm.Signal
+				var p []byte
+				if err := rows.Scan(&s.ID, &s.Name, &p); err != nil {
+					return err
+				}
+				s.Payload = p
+				run.Signals = append(run.Signals, s)
+			}
+			return rows.Err()
+		})
+	err := tx.SendBatch(ctx, b).Close()
+	if errors.Is(err, pgx.ErrNoRows) {
+		return runRow{}, nil, errs.E(errs.NotFound, "run %s not found", runID)
+	}
+	if err != nil {
+		return runRow{}, nil, fmt.Errorf("load run %s: %w", runID, err)
+	}
+	run.Status, run.Input = sm.RunStatus(status), input
+	return row, run, nil
+}
+
+// afterCommit registers what happens once the transition is durable.
+func (c *Coordinator) afterCommit(tx *tenants.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, dispatched bool) {
+	tenant := tx.Tenant
+	tx.AfterCommit(func() {
+		terminal := false
+		for _, a := range tr.Actions {
+			switch a.(type) {
+			case sm.CompleteRun, sm.FailRun, sm.CancelRun:
+				terminal = true
+			}
+		}
+		if dispatched && c.opts.Wake != nil {
+			c.opts.Wake()
+		}
+		if terminal {
+			c.log.Info("run finished", zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("status", string(tr.Status)))
+		} else if ce := c.log.Check(zap.DebugLevel, "transition"); ce != nil {
+			ce.Write(zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("event", sm.Kind(ev)), zap.Int("actions", len(tr.Actions)))
+		}
+		if c.opts.OnTransition != nil {
+			c.opts.OnTransition(Transition{Tenant: tenant, RunID: runID, Event: sm.Kind(ev), Status: tr.Status, Terminal: terminal})
+		}
+	})
+}
+
+// workflowOf is a helper for callers that hold a run and need its compiled
+// definition (tests, the task API).
+func (c *Coordinator) workflowOf(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, version int) (*dag.Workflow, error) {
+	d, err := c.defs.load(ctx, tx, workflow, version)
+	if err != nil {
+		return nil, err
+	}
+	return d.wf, nil
+}

@@ -1,0 +1,409 @@
+// Package outbox publishes committed outbox rows to Redis streams.
+//
+// A row is inserted in the same transaction as the change it announces, so
+// it exists if and only if that change committed. The Enqueuer claims due
+// rows with FOR UPDATE SKIP LOCKED — any number of enqueuers, on every
+// replica, drain the table in parallel without double work — publishes them
+// with one pipelined round trip of XADDs, and deletes them by primary key in
+// the same transaction. A crash after XADD and before COMMIT leaves the
+// rows in place: they are published again (a duplicate, which the lease
+// makes harmless), never lost. A hung enqueuer's rows come back when the
+// server's idle-in-transaction timeout ends its transaction.
+//
+// Wake-ups: a statement-level trigger NOTIFYs at commit; the enqueuer
+// LISTENs on its own connection, can be woken in-process (Wake) when the
+// same process committed the rows, and polls as a fallback and for rows
+// whose next_attempt_at has come. Failed publishes back off exponentially
+// with full jitter; a row that fails MaxAttempts times moves to
+// outbox_dead_letters.
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// Channel is the NOTIFY channel of new outbox rows.
+const Channel = "composer_outbox"
+
+// Config configures an Enqueuer. Zero fields take the defaults.
+type Config struct {
+	// BatchSize is how many rows one claim takes (default 256).
+	BatchSize int
+	// PollInterval is the fallback poll (default 1s).
+	PollInterval time.Duration
+	// MaxAttempts is how often a row may fail to publish before it is
+	// dead-lettered (default 12).
+	MaxAttempts int
+	// BaseBackoff is the first retry delay of a failed publish (default 1s).
+	BaseBackoff time.Duration
+	// MaxBackoff caps the retry delay (default 5m).
+	MaxBackoff time.Duration
+	// HungTimeout ends a claim transaction left idle this long (default 30s).
+	HungTimeout time.Duration
+	// MaxStreamLen caps each stream shard (approximate trimming); messages
+	// trimmed unread are re-dispatched by the lost-dispatch sweep.
+	MaxStreamLen int64
+}
+
+func (c *Config) defaults() {
+	if c.BatchSize <= 0 {
+		c.BatchSize = 256
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 12
+	}
+	if c.BaseBackoff <= 0 {
+		c.BaseBackoff = time.Second
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 5 * time.Minute
+	}
+	if c.HungTimeout <= 0 {
+		c.HungTimeout = 30 * time.Second
+	}
+	if c.MaxStreamLen <= 0 {
+		c.MaxStreamLen = 1_000_000
+	}
+}
+
+// Enqueuer moves outbox rows to streams. Run it on every replica.
+type Enqueuer struct {
+	db     *tenants.DB
+	listen string // connection string for LISTEN (system role)
+	rdb    redis.UniversalClient
+	names  stream.Names
+	cfg    Config
+	log    *zap.Logger
+	wake   chan struct{}
+
+	shardsMu sync.Mutex
+	shards   map[uuid.UUID]shardEntry
+	groups   sync.Map // stream key -> struct{}: consumer group ensured
+
+	// afterPublish, in tests, runs between XADD and DELETE.
+	afterPublish func()
+}
+
+type shardEntry struct {
+	n       int
+	expires time.Time
+}
+
+// New returns an Enqueuer. listenURL is a connection string for the
+// dedicated LISTEN connection (the system role's).
+func New(db *tenants.DB, listenURL string, rdb redis.UniversalClient, names stream.Names, cfg Config, log *zap.Logger) *Enqueuer {
+	cfg.defaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Enqueuer{db: db, listen: listenURL, rdb: rdb, names: names, cfg: cfg, log: log,
+		wake: make(chan struct{}, 1), shards: map[uuid.UUID]shardEntry{}}
+}
+
+// Wake asks the enqueuer to drain now. It never blocks; wake-ups coalesce.
+func (e *Enqueuer) Wake() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run drains the outbox until ctx ends.
+func (e *Enqueuer) Run(ctx context.Context) error {
+	go e.listenLoop(ctx)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.wake:
+		case <-timer.C:
+		}
+		next, err := e.Drain(ctx)
+		if err != nil && ctx.Err() == nil {
+			e.log.Warn("outbox drain failed", zap.Error(err))
+		}
+		wait := e.cfg.PollInterval
+		if !next.IsZero() {
+			if d := time.Until(next); d < wait {
+				wait = max(d, time.Millisecond)
+			}
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+	}
+}
+
+// listenLoop turns NOTIFYs into wake-ups, reconnecting on failure.
+func (e *Enqueuer) listenLoop(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := e.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		e.log.Warn("outbox listener lost; polling meanwhile", zap.Error(err))
+		e.Wake() // rows may have arrived while we were not listening
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+func (e *Enqueuer) listenOnce(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, e.listen)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		return err
+	}
+	e.Wake()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		e.Wake()
+	}
+}
+
+// Drain publishes due rows until none are left, and returns when the next
+// delayed row falls due (zero when there is none).
+func (e *Enqueuer) Drain(ctx context.Context) (time.Time, error) {
+	for {
+		n, err := e.publishBatch(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if n < e.cfg.BatchSize {
+			break
+		}
+	}
+	var next *time.Time
+	if err := e.db.System.QueryRow(ctx, `SELECT min(next_attempt_at) FROM outbox`).Scan(&next); err != nil {
+		return time.Time{}, fmt.Errorf("next due outbox row: %w", err)
+	}
+	if next == nil {
+		return time.Time{}, nil
+	}
+	return *next, nil
+}
+
+type row struct {
+	tenant      uuid.UUID
+	id          int64
+	topic       string
+	queue       string
+	run, task   uuid.UUID
+	node, typ   string
+	attempt     int
+	traceparent string
+	attempts    int
+}
+
+// publishBatch claims, publishes and deletes one batch in one transaction.
+func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
+	var claimed int
+	err := e.db.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+		claimed = 0
+		if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
+			strconv.FormatInt(e.cfg.HungTimeout.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
+				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
+				coalesce(attempt, 0), coalesce(traceparent, ''), attempts
+			  FROM outbox WHERE next_attempt_at <= now()
+			 ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED`, e.cfg.BatchSize)
+		if err != nil {
+			return fmt.Errorf("claim outbox rows: %w", err)
+		}
+		var batch []row
+		var r row
+		_, err = pgx.ForEachRow(rows, []any{&r.tenant, &r.id, &r.topic, &r.queue, &r.run, &r.task, &r.node, &r.typ, &r.attempt, &r.traceparent, &r.attempts},
+			func() error { batch = append(batch, r); return nil })
+		if err != nil {
+			return fmt.Errorf("claim outbox rows: %w", err)
+		}
+		claimed = len(batch)
+		if claimed == 0 {
+			return nil
+		}
+		failed := e.publish(ctx, batch)
+		if e.afterPublish != nil {
+			e.afterPublish()
+		}
+		return e.settle(ctx, tx, batch, failed)
+	})
+	return claimed, err
+}
+
+// publish sends the batch in one pipeline and returns the error of each row
+// that failed.
+func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
+	shards, err := e.shardCounts(ctx, batch)
+	failed := map[int]error{}
+	if err != nil {
+		for i := range batch {
+			failed[i] = err
+		}
+		return failed
+	}
+	now := time.Now()
+	pipe := e.rdb.Pipeline()
+	cmds := make([]*redis.StringCmd, len(batch))
+	type tq struct {
+		tenant uuid.UUID
+		queue  string
+	}
+	active := map[tq]bool{}
+	for i, r := range batch {
+		if r.topic != "task" {
+			failed[i] = fmt.Errorf("unknown outbox topic %q", r.topic)
+			continue
+		}
+		n := shards[r.tenant]
+		key := e.names.Stream(r.tenant, r.queue, stream.ShardFor(r.task, n))
+		if _, ok := e.groups.Load(key); !ok {
+			if err := stream.EnsureGroup(ctx, e.rdb, key); err != nil {
+				failed[i] = err
+				continue
+			}
+			e.groups.Store(key, struct{}{})
+		}
+		msg := stream.Message{Tenant: r.tenant, Run: r.run, Task: r.task, Node: r.node, Type: r.typ, Queue: r.queue,
+			Attempt: r.attempt, TraceParent: r.traceparent, OutboxID: r.id, EnqueuedAt: now}
+		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: msg.Values(), MaxLen: e.cfg.MaxStreamLen, Approx: true})
+		active[tq{r.tenant, r.queue}] = true
+	}
+	queues := map[string]bool{}
+	for k := range active {
+		pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: stream.ActiveMember(k.tenant, shards[k.tenant])})
+		queues[k.queue] = true
+	}
+	for q := range queues {
+		pipe.Publish(ctx, e.names.Wake(q), "1")
+	}
+	_, _ = pipe.Exec(ctx) // per-command errors are read below
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		if err := c.Err(); err != nil {
+			failed[i] = err
+		}
+	}
+	return failed
+}
+
+// settle deletes published rows and reschedules or dead-letters failed ones,
+// in the claim's transaction.
+func (e *Enqueuer) settle(ctx context.Context, tx *tenants.Tx, batch []row, failed map[int]error) error {
+	var okTenants []uuid.UUID
+	var okIDs []int64
+	b := &pgx.Batch{}
+	for i, r := range batch {
+		err, bad := failed[i]
+		if !bad {
+			okTenants, okIDs = append(okTenants, r.tenant), append(okIDs, r.id)
+			continue
+		}
+		if r.attempts+1 >= e.cfg.MaxAttempts {
+			b.Queue(`WITH gone AS (DELETE FROM outbox WHERE tenant_id = $1 AND id = $2 RETURNING *)
+				INSERT INTO outbox_dead_letters (tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, attempt, payload, attempts, last_error, created_at)
+				SELECT tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, attempt, payload, attempts + 1, $3, created_at FROM gone`,
+				r.tenant, r.id, err.Error())
+			e.log.Error("outbox row dead-lettered", zap.Stringer("tenant_id", r.tenant), zap.Int64("outbox_id", r.id),
+				zap.Stringer("task_id", r.task), zap.Int("attempts", r.attempts+1), zap.Error(err))
+			continue
+		}
+		delay := Backoff(e.cfg.BaseBackoff, e.cfg.MaxBackoff, r.attempts+1)
+		b.Queue(`UPDATE outbox SET attempts = attempts + 1, last_error = $3, next_attempt_at = now() + make_interval(secs => $4)
+			WHERE tenant_id = $1 AND id = $2`, r.tenant, r.id, err.Error(), delay.Seconds())
+		e.log.Warn("outbox publish failed; will retry", zap.Int64("outbox_id", r.id), zap.Duration("in", delay), zap.Error(err))
+	}
+	if len(okIDs) > 0 {
+		b.Queue(`DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
+			WHERE o.tenant_id = d.tenant_id AND o.id = d.id`, okTenants, okIDs)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("settle outbox batch: %w", err)
+	}
+	return nil
+}
+
+// Backoff is the delay before the n-th retry (1-based): full jitter over an
+// exponential window from base, capped at ceiling, so enqueuers retrying
+// after a Redis outage do not all come back at once. It never returns less
+// than base/2.
+func Backoff(base, ceiling time.Duration, n int) time.Duration {
+	window := base
+	for i := 1; i < n && window < ceiling; i++ {
+		window *= 2
+	}
+	window = min(window, ceiling)
+	return base/2 + time.Duration(rand.Int64N(int64(window-base/2)+1))
+}
+
+// shardCounts returns each batch tenant's shard count, from a short-lived
+// cache (shard counts change rarely; a worker reads every shard it has seen).
+func (e *Enqueuer) shardCounts(ctx context.Context, batch []row) (map[uuid.UUID]int, error) {
+	out := map[uuid.UUID]int{}
+	var missing []uuid.UUID
+	now := time.Now()
+	e.shardsMu.Lock()
+	for _, r := range batch {
+		if s, ok := e.shards[r.tenant]; ok && now.Before(s.expires) {
+			out[r.tenant] = s.n
+		} else if _, seen := out[r.tenant]; !seen {
+			out[r.tenant] = 0
+			missing = append(missing, r.tenant)
+		}
+	}
+	e.shardsMu.Unlock()
+	if len(missing) == 0 {
+		return out, nil
+	}
+	found, err := e.db.StreamShards(ctx, missing)
+	if err != nil {
+		return nil, err
+	}
+	e.shardsMu.Lock()
+	defer e.shardsMu.Unlock()
+	for _, t := range missing {
+		n, ok := found[t]
+		if !ok {
+			return nil, errors.New("outbox row of unknown tenant " + t.String())
+		}
+		out[t] = n
+		e.shards[t] = shardEntry{n: n, expires: now.Add(time.Minute)}
+	}
+	return out, nil
+}

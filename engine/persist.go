@@ -1,0 +1,281 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	sm "github.com/composer-dev/composer/engine/statemachine"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// persister writes one transition's actions in one pipelined batch. Every
+// statement that applies a result repeats the state machine's fence in SQL
+// (`attempt = $n AND state IN (active)`), and a guard that matches no row
+// rolls the whole transition back as ignored: something changed the task
+// under us (a sweep requeued it), so the event is stale.
+type persister struct {
+	c           *Coordinator
+	tx          *tenants.Tx
+	def         *compiled
+	runID       uuid.UUID
+	now         time.Time
+	tasks       map[string]taskRef // node -> the task as the actions leave it
+	traceparent string
+	dispatched  bool
+
+	b pgx.Batch
+}
+
+type taskRef struct {
+	id      uuid.UUID
+	attempt int
+}
+
+const activeStates = `('pending', 'running', 'waiting')`
+
+// guarded queues a statement that must change exactly one row.
+func (p *persister) guarded(what string, sql string, args ...any) {
+	p.b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error {
+		if ct.RowsAffected() != 1 {
+			return ignored("%s matched no row: the task changed concurrently", what)
+		}
+		return nil
+	})
+}
+
+func (p *persister) exec(sql string, args ...any) { p.b.Queue(sql, args...) }
+
+func (p *persister) task(node string) taskRef {
+	t, ok := p.tasks[node]
+	if !ok {
+		panic(fmt.Sprintf("engine: action on node %s, which has no task", node)) // the state machine never does this
+	}
+	return t
+}
+
+func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, ref eventRef) error {
+	tenant := p.tx.Tenant
+	// The lease owner fences a worker's report for its own task.
+	ownerFor := func(taskID string) string {
+		if ref.owner != "" && ref.task.String() == taskID {
+			return ref.owner
+		}
+		return ""
+	}
+	for i, a := range tr.Actions {
+		if p.c.fault != nil && p.c.fault(i) {
+			p.exec("SELECT 1/0 -- injected fault")
+		}
+		switch a := a.(type) {
+		case sm.CreateTask:
+			id := uuid.Must(uuid.NewV7())
+			p.tasks[a.NodeID] = taskRef{id: id, attempt: 1}
+			var dispatchAt, finishedAt *time.Time
+			if a.State == sm.TaskPending {
+				dispatchAt = &p.now
+			}
+			if !a.State.Active() {
+				finishedAt = &p.now
+			}
+			var config []byte
+			if cfg, ok := p.def.config[a.NodeID]; ok {
+				config = cfg
+			}
+			p.exec(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
+				input, config, output, last_error, skip_reason, dispatch_at, finished_at)
+				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15)`,
+				tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, string(a.State), a.MaxAttempts,
+				jsonOrNil(a.Input), config, jsonOrNil(a.Output), errJSON(a.Error), a.Reason, dispatchAt, finishedAt)
+		case sm.Dispatch:
+			p.dispatch(a.NodeID, a.Attempt, a.NotBefore)
+		case sm.ScheduleTimer:
+			var task *uuid.UUID
+			var attempt *int
+			var node *string
+			if a.NodeID != "" {
+				t := p.task(a.NodeID)
+				task, attempt, node = &t.id, &a.Attempt, &a.NodeID
+			}
+			p.exec(`INSERT INTO timers (tenant_id, run_id, kind, node_id, task_id, attempt, fire_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+				tenant, p.runID, string(a.Kind), node, task, attempt, a.FireAt)
+		case sm.CompleteTask:
+			t := p.task(a.NodeID)
+			p.guarded("completing "+a.NodeID, `UPDATE task_instances SET state = 'completed', output = $4, lease_owner = NULL,
+				lease_expires_at = NULL, finished_at = now(), updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN `+activeStates+`
+				AND ($6 = '' OR lease_owner = $6)`,
+				tenant, p.runID, t.id, []byte(a.Output), a.Attempt, ownerFor(a.TaskID))
+		case sm.RetryTask:
+			t := p.task(a.NodeID)
+			p.guarded("retrying "+a.NodeID, `UPDATE task_instances SET state = 'pending', attempt = attempt + 1, last_error = $4,
+				lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, dispatch_at = $5, updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $6 AND state IN `+activeStates+`
+				AND ($7 = '' OR lease_owner = $7)`,
+				tenant, p.runID, t.id, errJSON(&a.Error), a.NotBefore, a.Attempt, ownerFor(a.TaskID))
+			p.tasks[a.NodeID] = taskRef{id: t.id, attempt: a.Attempt + 1}
+			p.dispatch(a.NodeID, a.Attempt+1, a.NotBefore)
+		case sm.FailTask:
+			t := p.task(a.NodeID)
+			p.guarded("failing "+a.NodeID, `UPDATE task_instances SET state = 'failed', last_error = $4, lease_owner = NULL,
+				lease_expires_at = NULL, finished_at = now(), updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN `+activeStates+`
+				AND ($6 = '' OR lease_owner = $6)`,
+				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, ownerFor(a.TaskID))
+		case sm.CancelTask:
+			t := p.task(a.NodeID)
+			p.guarded("cancelling "+a.NodeID, `UPDATE task_instances SET state = 'cancelled', lease_owner = NULL,
+				lease_expires_at = NULL, finished_at = now(), updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND state IN `+activeStates,
+				tenant, p.runID, t.id)
+		case sm.ResetNode:
+			t := p.task(a.NodeID)
+			p.exec(`DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2 AND task_id = $3`, tenant, p.runID, t.id)
+			p.guarded("resetting "+a.NodeID, `DELETE FROM task_instances WHERE tenant_id = $1 AND run_id = $2 AND id = $3`, tenant, p.runID, t.id)
+			delete(p.tasks, a.NodeID)
+		case sm.RecordSignal:
+			p.exec(`INSERT INTO run_signals (tenant_id, run_id, id, name, payload, consumed_by) VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''))`,
+				tenant, p.runID, a.Signal.ID, a.Signal.Name, jsonOrEmpty(a.Signal.Payload), a.ConsumedBy)
+		case sm.ConsumeSignal:
+			p.guarded("consuming signal "+a.SignalID, `UPDATE run_signals SET consumed_by = $4
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND consumed_by IS NULL`, tenant, p.runID, a.SignalID, a.NodeID)
+		case sm.CompleteRun:
+			p.finishRun("completed", a.Output, nil)
+		case sm.FailRun:
+			p.finishRun("failed", nil, errJSON(&a.Error))
+		case sm.CancelRun:
+			p.finishRun("cancelled", nil, errJSON(&sm.Error{Code: sm.CodeCancelled, Message: a.Reason}))
+		case sm.ReopenRun:
+			p.guarded("reopening the run", `UPDATE workflow_runs SET status = 'running', output = NULL, error = NULL, finished_at = NULL
+				WHERE tenant_id = $1 AND id = $2 AND status IN ('failed', 'cancelled')`, tenant, p.runID)
+		default:
+			return fmt.Errorf("engine: no persistence for action %T", a)
+		}
+	}
+	detail, err := json.Marshal(timelineDetail(ev, tr))
+	if err != nil {
+		return fmt.Errorf("timeline detail: %w", err)
+	}
+	var task *uuid.UUID
+	var attempt *int
+	if ref.task != uuid.Nil {
+		task, attempt = &ref.task, &ref.attempt
+	}
+	p.exec(`INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`,
+		tenant, p.runID, sm.Kind(ev), eventNode(ev, ref), task, attempt, detail)
+	if err := p.tx.SendBatch(ctx, &p.b).Close(); err != nil {
+		return fmt.Errorf("persist transition: %w", err)
+	}
+	return nil
+}
+
+func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
+	n := p.def.wf.Node(node)
+	t := p.task(node)
+	p.exec(`INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt, traceparent, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9)`,
+		p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), attempt, p.traceparent, notBefore)
+	p.dispatched = true
+}
+
+// finishRun writes the run's terminal state once (the status guard) and
+// drops its timers, which can no longer matter.
+func (p *persister) finishRun(status string, output, errDoc []byte) {
+	p.guarded("finishing the run", `UPDATE workflow_runs SET status = $3, output = $4, error = $5, finished_at = now(), updated_at = now()
+		WHERE tenant_id = $1 AND id = $2 AND status = 'running'`, p.tx.Tenant, p.runID, status, output, errDoc)
+	p.exec(`DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2`, p.tx.Tenant, p.runID)
+}
+
+func jsonOrNil(b json.RawMessage) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+func jsonOrEmpty(b json.RawMessage) []byte {
+	if len(b) == 0 {
+		return []byte("{}")
+	}
+	return b
+}
+
+func errJSON(e *sm.Error) []byte {
+	if e == nil {
+		return nil
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		panic(fmt.Sprintf("engine: marshal error: %v", err))
+	}
+	return b
+}
+
+func eventNode(ev sm.Event, ref eventRef) string {
+	switch e := ev.(type) {
+	case sm.TimerFired:
+		return e.NodeID
+	}
+	return ref.node
+}
+
+// timelineDetail is what the run's timeline records of a transition: the
+// event's facts and a compact list of what it changed.
+func timelineDetail(ev sm.Event, tr sm.Transition) map[string]any {
+	d := map[string]any{"status": tr.Status}
+	switch e := ev.(type) {
+	case sm.NodeFailed:
+		d["error"] = e.Error
+		d["retryable"] = e.Retryable
+	case sm.TimerFired:
+		d["timer"] = e.Kind
+	case sm.SignalReceived:
+		d["signal"] = map[string]string{"id": e.Signal.ID, "name": e.Signal.Name}
+	case sm.CancelRequested:
+		d["reason"] = e.Reason
+	}
+	actions := make([]map[string]any, 0, len(tr.Actions))
+	for _, a := range tr.Actions {
+		m := map[string]any{"kind": sm.ActionKind(a)}
+		switch a := a.(type) {
+		case sm.CreateTask:
+			m["node"], m["state"] = a.NodeID, a.State
+			if a.Reason != "" {
+				m["reason"] = a.Reason
+			}
+		case sm.Dispatch:
+			m["node"], m["attempt"] = a.NodeID, a.Attempt
+		case sm.ScheduleTimer:
+			m["timer"], m["fire_at"] = a.Kind, a.FireAt
+			if a.NodeID != "" {
+				m["node"] = a.NodeID
+			}
+		case sm.CompleteTask:
+			m["node"], m["attempt"] = a.NodeID, a.Attempt
+		case sm.RetryTask:
+			m["node"], m["attempt"], m["not_before"], m["error"] = a.NodeID, a.Attempt, a.NotBefore, a.Error
+		case sm.FailTask:
+			m["node"], m["attempt"], m["error"] = a.NodeID, a.Attempt, a.Error
+		case sm.CancelTask:
+			m["node"] = a.NodeID
+		case sm.ResetNode:
+			m["node"] = a.NodeID
+		case sm.RecordSignal:
+			m["signal"], m["consumed_by"] = a.Signal.Name, a.ConsumedBy
+		case sm.ConsumeSignal:
+			m["node"] = a.NodeID
+		case sm.FailRun:
+			m["error"] = a.Error
+		case sm.CancelRun:
+			m["reason"] = a.Reason
+		}
+		actions = append(actions, m)
+	}
+	d["actions"] = actions
+	return d
+}

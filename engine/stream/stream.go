@@ -1,0 +1,200 @@
+// Package stream names Composer's Redis keys and defines the task message.
+//
+// Each tenant's work goes to its own shards of each queue:
+//
+//	<ns>:{<tenant>}:q:<queue>:<shard>
+//
+// The {tenant} hash tag keeps one tenant's shards on one Redis Cluster slot
+// (so a worker can read them in one call) while different tenants spread
+// across nodes. A task's shard is a stable hash of its id; shards only
+// spread load and carry no ordering promise.
+//
+// Messages carry references, not data: a worker receives the task's input
+// and settings with its lease, so a message can never be more current than
+// the database.
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Group is the consumer group every worker of a queue joins.
+const Group = "composer-workers"
+
+// DefaultNamespace prefixes every key unless configured otherwise (tests use
+// their own namespace so they can share one Redis).
+const DefaultNamespace = "composer"
+
+// Names builds the Redis keys of one namespace.
+type Names struct{ NS string }
+
+// NewNames returns the names of a namespace ("" means DefaultNamespace).
+func NewNames(ns string) Names {
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	return Names{NS: ns}
+}
+
+// Stream is the key of one shard of a tenant's queue.
+func (n Names) Stream(tenant uuid.UUID, queue string, shard int) string {
+	return n.NS + ":{" + tenant.String() + "}:q:" + queue + ":" + strconv.Itoa(shard)
+}
+
+// Streams lists the keys of every shard of a tenant's queue.
+func (n Names) Streams(tenant uuid.UUID, queue string, shards int) []string {
+	out := make([]string, shards)
+	for i := range out {
+		out[i] = n.Stream(tenant, queue, i)
+	}
+	return out
+}
+
+// Active is the sorted set of tenants with recent work on a queue: member
+// "<tenant>/<shards>", score the last publish time in milliseconds. Workers
+// discover tenant shards from it instead of scanning keys.
+func (n Names) Active(queue string) string { return n.NS + ":active:" + queue }
+
+// Wake is the pub/sub channel the enqueuer pings after publishing to a
+// queue, so idle workers read at once instead of at their next poll.
+func (n Names) Wake(queue string) string { return n.NS + ":wake:" + queue }
+
+// ActiveMember encodes a tenant and its shard count for the Active set.
+func ActiveMember(tenant uuid.UUID, shards int) string {
+	return tenant.String() + "/" + strconv.Itoa(shards)
+}
+
+// ParseActiveMember decodes an Active set member.
+func ParseActiveMember(m string) (uuid.UUID, int, error) {
+	t, s, ok := strings.Cut(m, "/")
+	if !ok {
+		return uuid.Nil, 0, fmt.Errorf("bad active member %q", m)
+	}
+	id, err := uuid.Parse(t)
+	if err != nil {
+		return uuid.Nil, 0, fmt.Errorf("bad active member %q: %w", m, err)
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return uuid.Nil, 0, fmt.Errorf("bad active member %q", m)
+	}
+	return id, n, nil
+}
+
+// ShardFor picks the shard of a task: a stable spread of its id.
+func ShardFor(task uuid.UUID, shards int) int {
+	if shards <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write(task[:])
+	return int(h.Sum32() % uint32(shards))
+}
+
+// Message is one task dispatch: which attempt of which task to run.
+type Message struct {
+	// ID is the stream entry id, set when the message is read.
+	ID     string
+	Stream string
+
+	Tenant  uuid.UUID
+	Run     uuid.UUID
+	Task    uuid.UUID
+	Node    string
+	Type    string
+	Queue   string
+	Attempt int
+	// TraceParent is the W3C trace context of the run, so one trace spans
+	// start, dispatch, execution and report.
+	TraceParent string
+	// OutboxID is the outbox row this message came from (for tracing
+	// duplicates back to their source).
+	OutboxID int64
+	// EnqueuedAt is when the enqueuer published it.
+	EnqueuedAt time.Time
+	// Deliveries is how often the stream delivered it (set on reclaim).
+	Deliveries int64
+}
+
+// Values encodes the message as stream entry fields.
+func (m Message) Values() []any {
+	return []any{
+		"v", "1",
+		"t", m.Tenant.String(),
+		"r", m.Run.String(),
+		"k", m.Task.String(),
+		"n", m.Node,
+		"y", m.Type,
+		"q", m.Queue,
+		"a", strconv.Itoa(m.Attempt),
+		"tp", m.TraceParent,
+		"o", strconv.FormatInt(m.OutboxID, 10),
+		"ts", strconv.FormatInt(m.EnqueuedAt.UnixMicro(), 10),
+	}
+}
+
+// Parse decodes a stream entry. An entry that does not decode is poison:
+// the caller acknowledges and dead-letters it.
+func Parse(stream string, x redis.XMessage) (Message, error) {
+	m := Message{ID: x.ID, Stream: stream}
+	get := func(k string) string {
+		s, _ := x.Values[k].(string)
+		return s
+	}
+	if v := get("v"); v != "1" {
+		return m, fmt.Errorf("message %s: unknown format version %q", x.ID, v)
+	}
+	var err error
+	var errsSeen []error
+	parseID := func(k string) uuid.UUID {
+		var id uuid.UUID
+		if id, err = uuid.Parse(get(k)); err != nil {
+			errsSeen = append(errsSeen, fmt.Errorf("field %s: %w", k, err))
+		}
+		return id
+	}
+	m.Tenant, m.Run, m.Task = parseID("t"), parseID("r"), parseID("k")
+	m.Node, m.Type, m.Queue, m.TraceParent = get("n"), get("y"), get("q"), get("tp")
+	if m.Attempt, err = strconv.Atoi(get("a")); err != nil || m.Attempt < 1 {
+		errsSeen = append(errsSeen, fmt.Errorf("field a: bad attempt %q", get("a")))
+	}
+	m.OutboxID, _ = strconv.ParseInt(get("o"), 10, 64)
+	if us, err := strconv.ParseInt(get("ts"), 10, 64); err == nil {
+		m.EnqueuedAt = time.UnixMicro(us)
+	}
+	if m.Node == "" || m.Type == "" {
+		errsSeen = append(errsSeen, errors.New("node and type are required"))
+	}
+	if len(errsSeen) > 0 {
+		return m, fmt.Errorf("message %s: %w", x.ID, errors.Join(errsSeen...))
+	}
+	return m, nil
+}
+
+// EnsureGroup creates the consumer group of a stream (and the stream),
+// starting from the beginning so that messages added before the group
+// existed — e.g. after Redis lost its data and the enqueuer re-created the
+// stream — are still delivered. An existing group is left alone.
+func EnsureGroup(ctx context.Context, rdb redis.Cmdable, key string) error {
+	err := rdb.XGroupCreateMkStream(ctx, key, Group, "0").Err()
+	if err != nil && !IsBusyGroup(err) {
+		return fmt.Errorf("create consumer group on %s: %w", key, err)
+	}
+	return nil
+}
+
+// IsBusyGroup reports a "group already exists" error.
+func IsBusyGroup(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "BUSYGROUP") }
+
+// IsNoGroup reports that a stream or its group is missing (e.g. after Redis
+// restarted without persistence).
+func IsNoGroup(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOGROUP") }

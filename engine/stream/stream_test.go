@@ -1,0 +1,87 @@
+package stream
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/composer-dev/composer/internal/testenv"
+)
+
+func TestStreamKeysCarryTheTenantHashTag(t *testing.T) {
+	tenant := uuid.MustParse("0190e6a8-0000-7000-8000-000000000001")
+	n := NewNames("")
+	assert.Equal(t, "composer:{0190e6a8-0000-7000-8000-000000000001}:q:default:3", n.Stream(tenant, "default", 3))
+	assert.Len(t, n.Streams(tenant, "http", 4), 4)
+	id, shards, err := ParseActiveMember(ActiveMember(tenant, 8))
+	require.NoError(t, err)
+	assert.Equal(t, tenant, id)
+	assert.Equal(t, 8, shards)
+	for _, bad := range []string{"", "x/1", tenant.String() + "/0", tenant.String()} {
+		_, _, err := ParseActiveMember(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+func TestShardForIsStableAndSpreads(t *testing.T) {
+	counts := make([]int, 8)
+	for i := 0; i < 8000; i++ {
+		id := uuid.Must(uuid.NewV7())
+		s := ShardFor(id, 8)
+		assert.Equal(t, s, ShardFor(id, 8))
+		counts[s]++
+	}
+	for i, c := range counts {
+		assert.Greater(t, c, 700, "shard %d got %d of 8000", i, c)
+	}
+	assert.Equal(t, 0, ShardFor(uuid.New(), 1))
+}
+
+func TestMessageRoundTripsThroughRedis(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewRedis(t)
+	ctx := context.Background()
+	key := NewNames(env.Namespace).Stream(uuid.New(), "default", 0)
+	require.NoError(t, EnsureGroup(ctx, env.Redis, key))
+	require.NoError(t, EnsureGroup(ctx, env.Redis, key), "an existing group is fine")
+
+	in := Message{Tenant: uuid.New(), Run: uuid.New(), Task: uuid.New(), Node: "charge", Type: "http", Queue: "default",
+		Attempt: 3, TraceParent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", OutboxID: 42, EnqueuedAt: time.UnixMicro(time.Now().UnixMicro())}
+	require.NoError(t, env.Redis.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: in.Values()}).Err())
+	res, err := env.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: Group, Consumer: "c1", Streams: []string{key, ">"}, Count: 1}).Result()
+	require.NoError(t, err)
+	out, err := Parse(key, res[0].Messages[0])
+	require.NoError(t, err)
+	in.ID, in.Stream = out.ID, key
+	assert.Equal(t, in, out)
+}
+
+func TestGroupCreatedLateStillSeesEarlierMessages(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewRedis(t)
+	ctx := context.Background()
+	key := NewNames(env.Namespace).Stream(uuid.New(), "default", 0)
+	// As after FLUSHALL: the enqueuer re-creates the stream by publishing,
+	// and only then does a worker (re)create the group.
+	require.NoError(t, env.Redis.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{"v", "1"}}).Err())
+	err := env.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: Group, Consumer: "c", Streams: []string{key, ">"}, Block: -1}).Err()
+	assert.True(t, IsNoGroup(err), "got %v", err)
+	require.NoError(t, EnsureGroup(ctx, env.Redis, key))
+	res, err := env.Redis.XReadGroup(ctx, &redis.XReadGroupArgs{Group: Group, Consumer: "c", Streams: []string{key, ">"}, Count: 10, Block: -1}).Result()
+	require.NoError(t, err)
+	assert.Len(t, res[0].Messages, 1)
+}
+
+func TestParseRejectsPoison(t *testing.T) {
+	_, err := Parse("s", redis.XMessage{ID: "1-0", Values: map[string]any{"v": "1", "t": "nope", "a": "0"}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "field t")
+	assert.Contains(t, err.Error(), "field a")
+	_, err = Parse("s", redis.XMessage{ID: "1-0", Values: map[string]any{"v": "9"}})
+	assert.ErrorContains(t, err, "format version")
+}

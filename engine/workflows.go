@@ -1,0 +1,198 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/composer-dev/composer/engine/dag"
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// Workflow is a named workflow of a tenant; its definitions are immutable
+// numbered versions.
+type Workflow struct {
+	ID            uuid.UUID
+	Name          string
+	Description   string
+	LatestVersion int
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}
+
+// Version is one immutable definition of a workflow.
+type Version struct {
+	WorkflowID uuid.UUID
+	Version    int
+	Definition json.RawMessage
+	CreatedAt  time.Time
+}
+
+var workflowName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// invalidDefinition turns a dag validation error into an Invalid error whose
+// fields name each node and field.
+func invalidDefinition(err error) error {
+	var ve *dag.ValidationError
+	if !errors.As(err, &ve) {
+		return errs.Wrap(errs.Invalid, err, "invalid workflow definition")
+	}
+	e := &errs.Error{Kind: errs.Invalid, Message: ve.Error()}
+	for _, p := range ve.Problems {
+		e.Fields = append(e.Fields, errs.Field{Node: p.Node, Field: p.Field, Message: p.Message})
+	}
+	return e
+}
+
+// CreateWorkflow creates a workflow with its first version. An invalid
+// definition or a taken name changes nothing.
+func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name, description string, definition []byte) (Workflow, Version, error) {
+	if !workflowName.MatchString(name) {
+		return Workflow{}, Version{}, errs.E(errs.Invalid, "workflow name must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit")
+	}
+	if len(description) > 2000 {
+		return Workflow{}, Version{}, errs.E(errs.Invalid, "description is longer than 2000 characters")
+	}
+	wf, err := dag.Parse(definition)
+	if err != nil {
+		return Workflow{}, Version{}, invalidDefinition(err)
+	}
+	w := Workflow{ID: uuid.Must(uuid.NewV7()), Name: name, Description: description, LatestVersion: 1}
+	v := Version{WorkflowID: w.ID, Version: 1, Definition: wf.Canonical()}
+	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		err := tx.QueryRow(ctx, `INSERT INTO workflow_definitions (tenant_id, id, name, description, latest_version)
+			VALUES ($1, $2, $3, $4, 1) RETURNING created_at, updated_at`, tenant, w.ID, name, description).
+			Scan(&w.CreatedAt, &w.UpdatedAt)
+		if isUniqueViolation(err) {
+			return errs.E(errs.Conflict, "a workflow named %q already exists", name)
+		}
+		if err != nil {
+			return fmt.Errorf("insert workflow: %w", err)
+		}
+		return tx.QueryRow(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
+			VALUES ($1, $2, 1, $3) RETURNING created_at`, tenant, w.ID, v.Definition).Scan(&v.CreatedAt)
+	})
+	if err != nil {
+		return Workflow{}, Version{}, err
+	}
+	return w, v, nil
+}
+
+// PublishVersion adds the next version of a workflow.
+func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uuid.UUID, definition []byte) (Version, error) {
+	wf, err := dag.Parse(definition)
+	if err != nil {
+		return Version{}, invalidDefinition(err)
+	}
+	v := Version{WorkflowID: workflowID, Definition: wf.Canonical()}
+	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		err := tx.QueryRow(ctx, `UPDATE workflow_definitions SET latest_version = latest_version + 1, updated_at = now()
+			WHERE tenant_id = $1 AND id = $2 RETURNING latest_version`, tenant, workflowID).Scan(&v.Version)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errs.E(errs.NotFound, "workflow %s not found", workflowID)
+		}
+		if err != nil {
+			return fmt.Errorf("bump version: %w", err)
+		}
+		return tx.QueryRow(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
+			VALUES ($1, $2, $3, $4) RETURNING created_at`, tenant, workflowID, v.Version, v.Definition).Scan(&v.CreatedAt)
+	})
+	if err != nil {
+		return Version{}, err
+	}
+	return v, nil
+}
+
+func isUniqueViolation(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "23505"
+}
+
+// compiled is a parsed definition plus what the coordinator derives from it
+// once: each worker node's executor settings.
+type compiled struct {
+	wf     *dag.Workflow
+	config map[string]json.RawMessage
+}
+
+// defCache holds compiled definitions. Versions are immutable, so an entry
+// never goes stale; the cache is only bounded.
+type defCache struct {
+	mu      sync.Mutex
+	entries map[defKey]*compiled
+	max     int
+}
+
+type defKey struct {
+	tenant, workflow uuid.UUID
+	version          int
+}
+
+func newDefCache(max int) *defCache { return &defCache{entries: map[defKey]*compiled{}, max: max} }
+
+// load returns the compiled definition, reading it through tx (so row-level
+// security applies) on a miss.
+func (d *defCache) load(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, version int) (*compiled, error) {
+	k := defKey{tx.Tenant, workflow, version}
+	d.mu.Lock()
+	c := d.entries[k]
+	d.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	var raw []byte
+	err := tx.QueryRow(ctx, `SELECT definition FROM workflow_versions WHERE tenant_id = $1 AND workflow_id = $2 AND version = $3`,
+		tx.Tenant, workflow, version).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errs.E(errs.NotFound, "workflow %s version %d not found", workflow, version)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load definition: %w", err)
+	}
+	wf, err := dag.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("stored definition of %s v%d no longer parses: %w", workflow, version, err)
+	}
+	c = &compiled{wf: wf, config: map[string]json.RawMessage{}}
+	for _, n := range wf.Nodes {
+		if n.Type.RunsOnWorker() {
+			c.config[n.ID] = nodeConfig(n)
+		}
+	}
+	d.mu.Lock()
+	if len(d.entries) >= d.max {
+		for k := range d.entries { // evict an arbitrary entry
+			delete(d.entries, k)
+			break
+		}
+	}
+	d.entries[k] = c
+	d.mu.Unlock()
+	return c, nil
+}
+
+// TaskConfig is what a worker needs to execute a node, stored with the task
+// and handed out with its lease.
+type TaskConfig struct {
+	HTTP *dag.HTTPSpec `json:"http,omitempty"`
+	Task *dag.TaskSpec `json:"task,omitempty"`
+	// TimeoutMS is the execution timeout of one attempt (0 = none).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+func nodeConfig(n *dag.Node) json.RawMessage {
+	b, err := json.Marshal(TaskConfig{HTTP: n.HTTP, Task: n.Task, TimeoutMS: n.Timeout.Std().Milliseconds()})
+	if err != nil {
+		panic(fmt.Sprintf("engine: marshal node config: %v", err)) // plain data
+	}
+	return b
+}
