@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
-	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
@@ -31,6 +30,9 @@ type Options struct {
 	// Wake, when set, is called after a commit that added outbox rows, so an
 	// enqueuer in the same process publishes at once.
 	Wake func()
+	// WakeTimers, when set, is called after a commit that scheduled a
+	// timer, so the timer loop in the same process re-reads the next due time.
+	WakeTimers func()
 	// OnTransition, when set, is called after every committed transition
 	// (e.g. to publish live updates).
 	OnTransition func(Transition)
@@ -254,6 +256,10 @@ type Report struct {
 	// LeaseOwner, when set, must hold the task's lease for the report to
 	// apply (the attempt fence applies either way).
 	LeaseOwner string
+	// Unleased reports on an attempt no worker has leased (a message that
+	// was delivered too often without ever being run): it applies only
+	// while the task is still pending, never to a running attempt.
+	Unleased   bool
 	Output     json.RawMessage
 	Error      sm.Error
 	Retryable  bool
@@ -280,7 +286,7 @@ func (c *Coordinator) FailTask(ctx context.Context, tenant uuid.UUID, r Report) 
 		r.Error.Code = "task_failed"
 	}
 	ev := sm.NodeFailed{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Error: r.Error, Retryable: r.Retryable, RetryAfter: r.RetryAfter}
-	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner},
+	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, pendingOnly: r.Unleased},
 		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 }
 
@@ -377,6 +383,8 @@ type eventRef struct {
 	task    uuid.UUID
 	attempt int
 	owner   string
+	// pendingOnly restricts the report to a task no worker has leased.
+	pendingOnly bool
 	// commitIgnored commits the transaction even when the event is ignored
 	// (a fired timer must be consumed either way).
 	commitIgnored bool
@@ -503,15 +511,20 @@ func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.
 func (c *Coordinator) afterCommit(tx *tenants.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, dispatched bool) {
 	tenant := tx.Tenant
 	tx.AfterCommit(func() {
-		terminal := false
+		terminal, timers := false, false
 		for _, a := range tr.Actions {
 			switch a.(type) {
 			case sm.CompleteRun, sm.FailRun, sm.CancelRun:
 				terminal = true
+			case sm.ScheduleTimer:
+				timers = true
 			}
 		}
 		if dispatched && c.opts.Wake != nil {
 			c.opts.Wake()
+		}
+		if timers && c.opts.WakeTimers != nil {
+			c.opts.WakeTimers()
 		}
 		if terminal {
 			c.log.Info("run finished", zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("status", string(tr.Status)))
@@ -522,14 +535,4 @@ func (c *Coordinator) afterCommit(tx *tenants.Tx, runID uuid.UUID, ev sm.Event, 
 			c.opts.OnTransition(Transition{Tenant: tenant, RunID: runID, Event: sm.Kind(ev), Status: tr.Status, Terminal: terminal})
 		}
 	})
-}
-
-// workflowOf is a helper for callers that hold a run and need its compiled
-// definition (tests, the task API).
-func (c *Coordinator) workflowOf(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, version int) (*dag.Workflow, error) {
-	d, err := c.defs.load(ctx, tx, workflow, version)
-	if err != nil {
-		return nil, err
-	}
-	return d.wf, nil
 }

@@ -68,6 +68,13 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		}
 		return ""
 	}
+	// An unleased report may only touch its task while nobody runs it.
+	states := func(taskID string) string {
+		if ref.pendingOnly && ref.task.String() == taskID {
+			return `('pending')`
+		}
+		return activeStates
+	}
 	for i, a := range tr.Actions {
 		if p.c.fault != nil && p.c.fault(i) {
 			p.exec("SELECT 1/0 -- injected fault")
@@ -115,7 +122,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			t := p.task(a.NodeID)
 			p.guarded("retrying "+a.NodeID, `UPDATE task_instances SET state = 'pending', attempt = attempt + 1, last_error = $4,
 				lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, dispatch_at = $5, updated_at = now()
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $6 AND state IN `+activeStates+`
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $6 AND state IN `+states(a.TaskID)+`
 				AND ($7 = '' OR lease_owner = $7)`,
 				tenant, p.runID, t.id, errJSON(&a.Error), a.NotBefore, a.Attempt, ownerFor(a.TaskID))
 			p.tasks[a.NodeID] = taskRef{id: t.id, attempt: a.Attempt + 1}
@@ -124,7 +131,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			t := p.task(a.NodeID)
 			p.guarded("failing "+a.NodeID, `UPDATE task_instances SET state = 'failed', last_error = $4, lease_owner = NULL,
 				lease_expires_at = NULL, finished_at = now(), updated_at = now()
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN `+activeStates+`
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN `+states(a.TaskID)+`
 				AND ($6 = '' OR lease_owner = $6)`,
 				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, ownerFor(a.TaskID))
 		case sm.CancelTask:

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/composer-dev/composer/engine/dag"
+	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -180,17 +181,15 @@ func (d *defCache) load(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID,
 	return c, nil
 }
 
-// TaskConfig is what a worker needs to execute a node, stored with the task
-// and handed out with its lease.
-type TaskConfig struct {
-	HTTP *dag.HTTPSpec `json:"http,omitempty"`
-	Task *dag.TaskSpec `json:"task,omitempty"`
-	// TimeoutMS is the execution timeout of one attempt (0 = none).
-	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-}
-
 func nodeConfig(n *dag.Node) json.RawMessage {
-	b, err := json.Marshal(TaskConfig{HTTP: n.HTTP, Task: n.Task, TimeoutMS: n.Timeout.Std().Milliseconds()})
+	cfg := taskapi.TaskConfig{TimeoutMS: n.Timeout.Std().Milliseconds()}
+	if h := n.HTTP; h != nil {
+		cfg.HTTP = &taskapi.HTTPSpec{Method: h.Method, URL: h.URL, Headers: h.Headers, Body: h.Body, TimeoutMS: h.Timeout.Std().Milliseconds()}
+	}
+	if t := n.Task; t != nil {
+		cfg.Task = &taskapi.TaskSpec{Handler: t.Handler}
+	}
+	b, err := json.Marshal(cfg)
 	if err != nil {
 		panic(fmt.Sprintf("engine: marshal node config: %v", err)) // plain data
 	}

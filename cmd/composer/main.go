@@ -98,9 +98,3 @@ func execute(c command, args []string) int {
 	}
 	return 0
 }
-
-var errNotImplemented = errors.New("not implemented yet")
-
-func runServer(ctx context.Context, env *environment, args []string) error { return errNotImplemented }
-func runWorker(ctx context.Context, env *environment, args []string) error { return errNotImplemented }
-func runDev(ctx context.Context, env *environment, args []string) error    { return errNotImplemented }

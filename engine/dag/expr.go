@@ -16,6 +16,7 @@ import (
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/common/types/traits"
+	"cel.dev/cel-go/ext"
 )
 
 // costLimit bounds the work one expression evaluation may do, so a
@@ -30,11 +31,13 @@ var (
 
 // env is the CEL environment of every expression: `input` is the run input
 // and `nodes.<id>` holds {"status": ..., "output": ...} of finished nodes.
+// The standard extensions for strings, encoders, math and lists are on.
 func env() (*cel.Env, error) {
 	envOnce.Do(func() {
 		celEnv, envErr = cel.NewEnv(
 			cel.Variable("input", cel.DynType),
 			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
+			ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
 			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
 			cel.ParserRecursionLimit(64),
 		)

@@ -303,13 +303,11 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: msg.Values(), MaxLen: e.cfg.MaxStreamLen, Approx: true})
 		active[tq{r.tenant, r.queue}] = true
 	}
-	queues := map[string]bool{}
 	for k := range active {
-		pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: stream.ActiveMember(k.tenant, shards[k.tenant])})
-		queues[k.queue] = true
-	}
-	for q := range queues {
-		pipe.Publish(ctx, e.names.Wake(q), "1")
+		member := stream.ActiveMember(k.tenant, shards[k.tenant])
+		pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+		// The wake-up names the tenant, so a worker reads a new tenant at once.
+		pipe.Publish(ctx, e.names.Wake(k.queue), member)
 	}
 	_, _ = pipe.Exec(ctx) // per-command errors are read below
 	for i, c := range cmds {

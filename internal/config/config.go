@@ -27,6 +27,11 @@ type Config struct {
 	MigrateDatabaseURL string
 	// RedisURL is the Redis that carries task streams.
 	RedisURL string
+	// RedisNamespace prefixes every Redis key (several deployments, or
+	// tests, may share one Redis).
+	RedisNamespace string
+	// DBMaxConns bounds each PostgreSQL pool.
+	DBMaxConns int
 
 	// HTTPAddr is where `composer server` listens (GraphQL and the task API).
 	HTTPAddr string
@@ -58,6 +63,18 @@ type Config struct {
 	// RetentionMonths is how many whole months of run data are kept.
 	RetentionMonths int
 
+	// WorkerQueues are the queues `composer worker` serves.
+	WorkerQueues []string
+	// WorkerConcurrency is a worker's number of execution slots.
+	WorkerConcurrency int
+	// ClaimIdle is how long a message may sit with a silent consumer
+	// before another worker reclaims it.
+	ClaimIdle time.Duration
+	// MaxDeliveries bounds how often one message is delivered.
+	MaxDeliveries int
+	// ShutdownTimeout is how long in-flight work may finish on shutdown.
+	ShutdownTimeout time.Duration
+
 	// AllowPrivateNetworks lists CIDRs that outbound requests to tenant URLs
 	// may reach although they are private (local development and tests only).
 	AllowPrivateNetworks []string
@@ -70,6 +87,13 @@ func Defaults() Config {
 		SystemDatabaseURL:   "postgres://composer_system:composer@127.0.0.1:5432/composer?sslmode=disable",
 		MigrateDatabaseURL:  "postgres://composer_owner:composer@127.0.0.1:5432/composer?sslmode=disable",
 		RedisURL:            "redis://127.0.0.1:6379/0",
+		RedisNamespace:      "composer",
+		DBMaxConns:          32,
+		WorkerQueues:        []string{"default"},
+		WorkerConcurrency:   16,
+		ClaimIdle:           time.Minute,
+		MaxDeliveries:       5,
+		ShutdownTimeout:     30 * time.Second,
 		HTTPAddr:            "127.0.0.1:8080",
 		ServerURL:           "http://127.0.0.1:8080",
 		LogLevel:            "info",
@@ -93,6 +117,13 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.url("COMPOSER_SYSTEM_DATABASE_URL", &c.SystemDatabaseURL, "postgres", "postgresql")
 	p.url("COMPOSER_MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL, "postgres", "postgresql")
 	p.url("COMPOSER_REDIS_URL", &c.RedisURL, "redis", "rediss")
+	p.str("COMPOSER_REDIS_NAMESPACE", &c.RedisNamespace)
+	p.integer("COMPOSER_DB_MAX_CONNS", &c.DBMaxConns, 2, 1000)
+	p.list("COMPOSER_WORKER_QUEUES", &c.WorkerQueues)
+	p.integer("COMPOSER_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1, 10000)
+	p.duration("COMPOSER_CLAIM_IDLE", &c.ClaimIdle, 100*time.Millisecond)
+	p.integer("COMPOSER_MAX_DELIVERIES", &c.MaxDeliveries, 1, 1000)
+	p.duration("COMPOSER_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 0)
 	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
 	p.url("COMPOSER_SERVER_URL", &c.ServerURL, "http", "https")
 	p.str("COMPOSER_WORKER_TOKEN", &c.WorkerToken)

@@ -1,0 +1,239 @@
+// Package taskapi is the contract between workers and `composer server`:
+// versioned HTTP/JSON messages to acquire, renew and report task leases,
+// and a client for them. It imports nothing of the engine, so a worker
+// binary links no database code.
+//
+// Every report is fenced by its attempt number and answered
+// "acknowledged"; Ignored says the server dropped it as stale or
+// duplicate, so the worker stops retrying. A renewal answers Held=false
+// when the lease is gone (expired and taken over, task finished, run
+// cancelled): the worker must stop that execution.
+package taskapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// Paths of the task API.
+const (
+	PathAcquire  = "/v1/tasks/acquire"
+	PathRenew    = "/v1/tasks/renew"
+	PathComplete = "/v1/tasks/complete"
+	PathFail     = "/v1/tasks/fail"
+)
+
+// Ref names one attempt of one task.
+type Ref struct {
+	Tenant  uuid.UUID `json:"tenant_id"`
+	Run     uuid.UUID `json:"run_id"`
+	Task    uuid.UUID `json:"task_id"`
+	Attempt int       `json:"attempt"`
+}
+
+// AcquireRequest asks for leases on a batch of tasks.
+type AcquireRequest struct {
+	WorkerID  string `json:"worker_id"`
+	TTLMillis int64  `json:"ttl_ms"`
+	Leases    []Ref  `json:"leases"`
+}
+
+// Lease answers one acquire. Input and Config come from the database with
+// the lease: they are what the worker runs.
+type Lease struct {
+	Ref
+	Acquired        bool            `json:"acquired"`
+	ExpiresAt       time.Time       `json:"expires_at,omitempty"`
+	NodeID          string          `json:"node_id,omitempty"`
+	NodeType        string          `json:"node_type,omitempty"`
+	Input           json.RawMessage `json:"input,omitempty"`
+	Config          json.RawMessage `json:"config,omitempty"`
+	WorkflowID      uuid.UUID       `json:"workflow_id,omitempty"`
+	WorkflowVersion int             `json:"workflow_version,omitempty"`
+	MaxAttempts     int             `json:"max_attempts,omitempty"`
+}
+
+// AcquireResponse lists one Lease per requested Ref, in order.
+type AcquireResponse struct {
+	Leases []Lease `json:"leases"`
+}
+
+// RenewRequest extends leases the worker holds.
+type RenewRequest struct {
+	WorkerID  string `json:"worker_id"`
+	TTLMillis int64  `json:"ttl_ms"`
+	Leases    []Ref  `json:"leases"`
+}
+
+// Renewal answers one renewal.
+type Renewal struct {
+	Ref
+	Held      bool      `json:"held"`
+	ExpiresAt time.Time `json:"expires_at,omitempty"`
+}
+
+// RenewResponse lists one Renewal per requested Ref, in order.
+type RenewResponse struct {
+	Leases []Renewal `json:"leases"`
+}
+
+// CompleteRequest reports a successful attempt.
+type CompleteRequest struct {
+	Ref
+	NodeID   string          `json:"node_id"`
+	WorkerID string          `json:"worker_id"`
+	Output   json.RawMessage `json:"output,omitempty"`
+}
+
+// Error describes a failed attempt.
+type Error struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Details json.RawMessage `json:"details,omitempty"`
+}
+
+// FailRequest reports a failed attempt. Unleased marks a report for an
+// attempt the worker never leased (a message delivered too many times),
+// which is fenced by attempt alone.
+type FailRequest struct {
+	Ref
+	NodeID           string `json:"node_id"`
+	WorkerID         string `json:"worker_id"`
+	Error            Error  `json:"error"`
+	Retryable        bool   `json:"retryable"`
+	RetryAfterMillis int64  `json:"retry_after_ms,omitempty"`
+	Unleased         bool   `json:"unleased,omitempty"`
+}
+
+// ReportResponse acknowledges a report.
+type ReportResponse struct {
+	Acknowledged bool   `json:"acknowledged"`
+	Ignored      bool   `json:"ignored"`
+	Reason       string `json:"reason,omitempty"`
+	RunStatus    string `json:"run_status,omitempty"`
+}
+
+// ErrorResponse is the body of every non-2xx answer.
+type ErrorResponse struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// APIError is a non-2xx answer from the server.
+type APIError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("task API: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// Temporary reports whether retrying the same call may succeed.
+func (e *APIError) Temporary() bool { return e.Status >= 500 || e.Status == http.StatusTooManyRequests }
+
+// Client calls the task API. It is safe for concurrent use.
+type Client struct {
+	BaseURL string
+	Token   string
+	HTTP    *http.Client
+}
+
+// NewClient returns a client for the server at baseURL.
+func NewClient(baseURL, token string) *Client {
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{Timeout: 15 * time.Second,
+		Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}}
+}
+
+// Acquire asks for leases.
+func (c *Client) Acquire(ctx context.Context, r AcquireRequest) (AcquireResponse, error) {
+	var out AcquireResponse
+	return out, c.call(ctx, PathAcquire, r, &out)
+}
+
+// Renew extends leases.
+func (c *Client) Renew(ctx context.Context, r RenewRequest) (RenewResponse, error) {
+	var out RenewResponse
+	return out, c.call(ctx, PathRenew, r, &out)
+}
+
+// Complete reports success.
+func (c *Client) Complete(ctx context.Context, r CompleteRequest) (ReportResponse, error) {
+	var out ReportResponse
+	return out, c.call(ctx, PathComplete, r, &out)
+}
+
+// Fail reports failure.
+func (c *Client) Fail(ctx context.Context, r FailRequest) (ReportResponse, error) {
+	var out ReportResponse
+	return out, c.call(ctx, PathFail, r, &out)
+}
+
+func (c *Client) call(ctx context.Context, path string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return fmt.Errorf("task API %s: %w", path, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("task API %s: %w", path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("task API %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("task API %s: read answer: %w", path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e ErrorResponse
+		_ = json.Unmarshal(data, &e)
+		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("task API %s: decode answer: %w", path, err)
+	}
+	return nil
+}
+
+// TaskConfig is what a worker needs to execute a node, stored with the task
+// when it is created and handed out with its lease.
+type TaskConfig struct {
+	HTTP *HTTPSpec `json:"http,omitempty"`
+	Task *TaskSpec `json:"task,omitempty"`
+	// TimeoutMS bounds one attempt's execution (0 = no limit of its own).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// HTTPSpec is an http node's request. With no Body, a method that carries
+// one sends the task input as JSON.
+type HTTPSpec struct {
+	Method    string            `json:"method"`
+	URL       string            `json:"url"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Body      json.RawMessage   `json:"body,omitempty"`
+	TimeoutMS int64             `json:"timeout_ms,omitempty"`
+}
+
+// TaskSpec names the handler of a task node.
+type TaskSpec struct {
+	Handler string `json:"handler"`
+}

@@ -1,0 +1,246 @@
+// Package taskserver serves the task API (engine/taskapi) on `composer
+// server`: workers acquire, renew and report leases here. Lease times use
+// the database clock. Every report is acknowledged, ignored or not, so a
+// worker stops retrying it.
+package taskserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/engine"
+	sm "github.com/composer-dev/composer/engine/statemachine"
+	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/internal/errs"
+)
+
+// Caller is an authenticated worker. A platform worker serves every tenant;
+// a tenant's own worker (authenticated with a worker-scoped API key) only
+// its tenant.
+type Caller struct {
+	Platform bool
+	Tenant   uuid.UUID
+	Name     string
+}
+
+// Authenticator resolves the caller of a request, or fails with an
+// Unauthenticated error.
+type Authenticator func(r *http.Request) (Caller, error)
+
+// PlatformToken authenticates platform workers by a shared secret, compared
+// in constant time against its hash (the plain token is not kept).
+func PlatformToken(token string) Authenticator {
+	want := sha256.Sum256([]byte(token))
+	return func(r *http.Request) (Caller, error) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			return Caller{}, errs.E(errs.Unauthenticated, "a worker credential is required (Authorization: Bearer <token>)")
+		}
+		sum := sha256.Sum256([]byte(got))
+		if subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			return Caller{}, errs.E(errs.Unauthenticated, "invalid worker credential")
+		}
+		return Caller{Platform: true, Name: "platform"}, nil
+	}
+}
+
+// Server is the task API's HTTP handler.
+type Server struct {
+	c    *engine.Coordinator
+	auth Authenticator
+	log  *zap.Logger
+	mux  *http.ServeMux
+}
+
+// maxBody bounds a request: one output (1 MiB) plus its envelope.
+const maxBody = engine.MaxInputBytes + 64<<10
+
+// New returns the handler.
+func New(c *engine.Coordinator, auth Authenticator, log *zap.Logger) *Server {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s := &Server{c: c, auth: auth, log: log, mux: http.NewServeMux()}
+	s.mux.HandleFunc("POST "+taskapi.PathAcquire, handle(s, s.acquire))
+	s.mux.HandleFunc("POST "+taskapi.PathRenew, handle(s, s.renew))
+	s.mux.HandleFunc("POST "+taskapi.PathComplete, handle(s, s.complete))
+	s.mux.HandleFunc("POST "+taskapi.PathFail, handle(s, s.fail))
+	return s
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		caller, err := s.auth(r)
+		if err != nil {
+			s.writeError(w, err)
+			return
+		}
+		var in In
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&in); err != nil {
+			s.writeError(w, errs.E(errs.Invalid, "bad request body: %v", err))
+			return
+		}
+		out, err := fn(ctx, caller, in)
+		if err != nil {
+			s.writeError(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	}
+}
+
+var statusOf = map[errs.Kind]int{
+	errs.Invalid: http.StatusBadRequest, errs.NotFound: http.StatusNotFound, errs.Conflict: http.StatusConflict,
+	errs.Unauthenticated: http.StatusUnauthorized, errs.Forbidden: http.StatusForbidden,
+	errs.RateLimited: http.StatusTooManyRequests, errs.QuotaExceeded: http.StatusTooManyRequests,
+	errs.Unavailable: http.StatusServiceUnavailable,
+}
+
+func (s *Server) writeError(w http.ResponseWriter, err error) {
+	kind := errs.KindOf(err)
+	status, ok := statusOf[kind]
+	if !ok {
+		status = http.StatusInternalServerError
+		s.log.Error("task API request failed", zap.Error(err))
+	}
+	var body taskapi.ErrorResponse
+	body.Error.Code, body.Error.Message = string(kind), errs.PublicMessage(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// allowed checks the caller may act on tenant.
+func allowed(c Caller, tenant uuid.UUID) error {
+	if c.Platform || c.Tenant == tenant {
+		return nil
+	}
+	// Another tenant's task does not exist for this caller.
+	return errs.E(errs.NotFound, "task not found")
+}
+
+// byTenant groups refs per tenant, remembering their positions.
+func byTenant(c Caller, refs []taskapi.Ref) (map[uuid.UUID][]int, error) {
+	out := map[uuid.UUID][]int{}
+	for i, r := range refs {
+		if err := allowed(c, r.Tenant); err != nil {
+			return nil, err
+		}
+		out[r.Tenant] = append(out[r.Tenant], i)
+	}
+	return out, nil
+}
+
+func ttl(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+func (s *Server) acquire(ctx context.Context, c Caller, in taskapi.AcquireRequest) (taskapi.AcquireResponse, error) {
+	groups, err := byTenant(c, in.Leases)
+	if err != nil {
+		return taskapi.AcquireResponse{}, err
+	}
+	out := taskapi.AcquireResponse{Leases: make([]taskapi.Lease, len(in.Leases))}
+	for tenant, idx := range groups {
+		reqs := make([]engine.LeaseRequest, len(idx))
+		for j, i := range idx {
+			r := in.Leases[i]
+			reqs[j] = engine.LeaseRequest{RunID: r.Run, TaskID: r.Task, Attempt: r.Attempt}
+		}
+		leases, err := s.c.AcquireLeases(ctx, tenant, in.WorkerID, ttl(in.TTLMillis), reqs)
+		if err != nil {
+			return taskapi.AcquireResponse{}, err
+		}
+		for j, i := range idx {
+			l := leases[j]
+			out.Leases[i] = taskapi.Lease{Ref: in.Leases[i], Acquired: l.Acquired, ExpiresAt: l.ExpiresAt, NodeID: l.NodeID,
+				NodeType: l.NodeType, Input: l.Input, Config: l.Config, WorkflowID: l.WorkflowID, WorkflowVersion: l.WorkflowVersion,
+				MaxAttempts: l.MaxAttempts}
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) renew(ctx context.Context, c Caller, in taskapi.RenewRequest) (taskapi.RenewResponse, error) {
+	groups, err := byTenant(c, in.Leases)
+	if err != nil {
+		return taskapi.RenewResponse{}, err
+	}
+	out := taskapi.RenewResponse{Leases: make([]taskapi.Renewal, len(in.Leases))}
+	for tenant, idx := range groups {
+		reqs := make([]engine.LeaseRequest, len(idx))
+		for j, i := range idx {
+			r := in.Leases[i]
+			reqs[j] = engine.LeaseRequest{RunID: r.Run, TaskID: r.Task, Attempt: r.Attempt}
+		}
+		rens, err := s.c.RenewLeases(ctx, tenant, in.WorkerID, ttl(in.TTLMillis), reqs)
+		if err != nil {
+			return taskapi.RenewResponse{}, err
+		}
+		for j, i := range idx {
+			out.Leases[i] = taskapi.Renewal{Ref: in.Leases[i], Held: rens[j].Held, ExpiresAt: rens[j].ExpiresAt}
+		}
+	}
+	return out, nil
+}
+
+func ackOf(a engine.Ack) taskapi.ReportResponse {
+	return taskapi.ReportResponse{Acknowledged: true, Ignored: a.Ignored, Reason: a.Reason, RunStatus: string(a.Status)}
+}
+
+func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
+	if err := allowed(c, in.Tenant); err != nil {
+		return taskapi.ReportResponse{}, err
+	}
+	if in.WorkerID == "" {
+		return taskapi.ReportResponse{}, errs.E(errs.Invalid, "worker_id is required")
+	}
+	ack, err := s.c.CompleteTask(ctx, in.Tenant, engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt,
+		LeaseOwner: in.WorkerID, Output: in.Output})
+	if errors.Is(err, errs.NotFound) {
+		// The run is gone (retention) or never existed: nothing to apply.
+		return taskapi.ReportResponse{Acknowledged: true, Ignored: true, Reason: "run not found"}, nil
+	}
+	if err != nil {
+		return taskapi.ReportResponse{}, err
+	}
+	return ackOf(ack), nil
+}
+
+func (s *Server) fail(ctx context.Context, c Caller, in taskapi.FailRequest) (taskapi.ReportResponse, error) {
+	if err := allowed(c, in.Tenant); err != nil {
+		return taskapi.ReportResponse{}, err
+	}
+	if in.WorkerID == "" {
+		return taskapi.ReportResponse{}, errs.E(errs.Invalid, "worker_id is required")
+	}
+	owner := in.WorkerID
+	if in.Unleased {
+		owner = ""
+	}
+	ack, err := s.c.FailTask(ctx, in.Tenant, engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt,
+		LeaseOwner: owner, Unleased: in.Unleased, Retryable: in.Retryable, RetryAfter: time.Duration(in.RetryAfterMillis) * time.Millisecond,
+		Error: sm.Error{Code: in.Error.Code, Message: in.Error.Message, Details: in.Error.Details}})
+	if errors.Is(err, errs.NotFound) {
+		return taskapi.ReportResponse{Acknowledged: true, Ignored: true, Reason: "run not found"}, nil
+	}
+	if err != nil {
+		return taskapi.ReportResponse{}, err
+	}
+	return ackOf(ack), nil
+}

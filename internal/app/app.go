@@ -1,0 +1,188 @@
+// Package app assembles Composer's processes from their parts: the
+// connections every process opens, the server (coordinator, outbox
+// enqueuer, sweeper, HTTP APIs) and the worker. cmd/composer and the
+// end-to-end tests build processes only through it.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/outbox"
+	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/engine/taskserver"
+	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/workers"
+)
+
+// Deps are the connections of a process.
+type Deps struct {
+	Cfg   config.Config
+	Log   *zap.Logger
+	DB    *tenants.DB
+	Redis *redis.Client
+}
+
+// Open connects to PostgreSQL (both runtime roles) and Redis.
+func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool) (*Deps, error) {
+	d := &Deps{Cfg: cfg, Log: log, DB: &tenants.DB{}}
+	if needDB {
+		var err error
+		if d.DB.App, err = pool(ctx, cfg.DatabaseURL, cfg.DBMaxConns); err != nil {
+			return nil, fmt.Errorf("COMPOSER_DATABASE_URL: %w", err)
+		}
+		if d.DB.System, err = pool(ctx, cfg.SystemDatabaseURL, max(cfg.DBMaxConns/2, 4)); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("COMPOSER_SYSTEM_DATABASE_URL: %w", err)
+		}
+	}
+	opts, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("COMPOSER_REDIS_URL: %w", err)
+	}
+	opts.PoolSize = max(opts.PoolSize, 64)
+	d.Redis = redis.NewClient(opts)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := d.Redis.Ping(pingCtx).Err(); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("redis unreachable: %w", err)
+	}
+	return d, nil
+}
+
+func pool(ctx context.Context, url string, maxConns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("not a valid PostgreSQL URL") // never echo: it may hold a password
+	}
+	cfg.MaxConns = int32(maxConns)
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Ping(pingCtx); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("PostgreSQL unreachable: %w", err)
+	}
+	return p, nil
+}
+
+// Close closes every connection.
+func (d *Deps) Close() {
+	if d.DB.App != nil {
+		d.DB.App.Close()
+	}
+	if d.DB.System != nil {
+		d.DB.System.Close()
+	}
+	if d.Redis != nil {
+		_ = d.Redis.Close()
+	}
+}
+
+// Server is `composer server`: the APIs and every background loop.
+type Server struct {
+	*Deps
+	Coordinator *engine.Coordinator
+	Enqueuer    *outbox.Enqueuer
+	Sweeper     *engine.Sweeper
+	Mux         *http.ServeMux
+}
+
+// NewServer assembles a server over d.
+func NewServer(d *Deps) (*Server, error) {
+	if d.Cfg.WorkerToken == "" {
+		return nil, errors.New("COMPOSER_WORKER_TOKEN must be set: workers authenticate with it")
+	}
+	s := &Server{Deps: d, Mux: http.NewServeMux()}
+	s.Enqueuer = outbox.New(d.DB, d.Cfg.SystemDatabaseURL, d.Redis, stream.NewNames(d.Cfg.RedisNamespace),
+		outbox.Config{PollInterval: d.Cfg.OutboxPollInterval}, d.Log.Named("outbox"))
+	var sweeper *engine.Sweeper
+	s.Coordinator = engine.NewCoordinator(d.DB, engine.Options{Logger: d.Log.Named("coordinator"), Wake: s.Enqueuer.Wake,
+		WakeTimers: func() {
+			if sweeper != nil {
+				sweeper.WakeTimers()
+			}
+		}})
+	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
+		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
+	s.Sweeper = sweeper
+
+	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, taskserver.PlatformToken(d.Cfg.WorkerToken), d.Log.Named("taskapi")))
+	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	s.Mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := errors.Join(d.DB.App.Ping(ctx), d.Redis.Ping(ctx).Err()); err != nil {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return s, nil
+}
+
+// Run serves HTTP on addr and runs the background loops until ctx ends.
+// ready, when not nil, receives the bound address.
+func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = s.Enqueuer.Run(ctx) }()
+	go func() { defer wg.Done(); _ = s.Sweeper.Run(ctx) }()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.Log.Info("server listening", zap.String("addr", ln.Addr().String()))
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.Cfg.ShutdownTimeout)
+	defer cancel()
+	_ = srv.Shutdown(shutdownCtx)
+	wg.Wait()
+	return nil
+}
+
+// NewWorker assembles a worker that reaches the server at serverURL.
+// handlers runs task nodes; nil means the worker runs no task nodes.
+func NewWorker(d *Deps, serverURL string, handlers *workers.Handlers) (*workers.Worker, error) {
+	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks)
+	if err != nil {
+		return nil, fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS: %w", err)
+	}
+	executors := map[string]workers.Executor{"http": workers.NewHTTP(policy), "noop": workers.Noop}
+	if handlers != nil {
+		executors["task"] = handlers
+	}
+	api := taskapi.NewClient(serverURL, d.Cfg.WorkerToken)
+	return workers.New(workers.Config{Queues: d.Cfg.WorkerQueues, Concurrency: d.Cfg.WorkerConcurrency, LeaseTTL: d.Cfg.LeaseTTL,
+		ClaimIdle: d.Cfg.ClaimIdle, MaxDeliveries: int64(d.Cfg.MaxDeliveries), ShutdownTimeout: d.Cfg.ShutdownTimeout,
+		Namespace: d.Cfg.RedisNamespace}, d.Redis, api, executors, d.Log.Named("worker")), nil
+}

@@ -1,0 +1,239 @@
+// Package apptest runs a whole Composer system in-process for end-to-end
+// tests, on real PostgreSQL and Redis (a fresh database and namespace per
+// test), the way httptest runs a server: start it, use it, and t.Cleanup
+// stops it.
+package apptest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/internal/app"
+	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/workers"
+)
+
+// System is a running server (coordinator, enqueuer, sweeper, task API)
+// with one tenant.
+type System struct {
+	T      testing.TB
+	Env    *testenv.Env
+	Cfg    config.Config
+	Deps   *app.Deps
+	Server *app.Server
+	URL    string
+	Tenant uuid.UUID
+	Log    *zap.Logger
+}
+
+// Config returns the configuration tests run with: short leases and sweeps,
+// loopback allowed for HTTP steps.
+func Config(env *testenv.Env) config.Config {
+	c := config.Defaults()
+	c.DatabaseURL, c.SystemDatabaseURL, c.MigrateDatabaseURL = env.AppURL, env.SystemURL, env.OwnerURL
+	c.RedisURL, c.RedisNamespace = env.RedisURL, env.Namespace
+	c.HTTPAddr = "127.0.0.1:0"
+	c.WorkerToken = "test-worker-token"
+	c.LeaseTTL = 2 * time.Second
+	c.SweepInterval = 100 * time.Millisecond
+	c.LostDispatchAge = 2 * time.Second
+	c.OutboxPollInterval = 200 * time.Millisecond
+	c.ClaimIdle = time.Second
+	c.ShutdownTimeout = 5 * time.Second
+	c.AllowPrivateNetworks = []string{"127.0.0.0/8", "::1/128"}
+	c.Dev = true
+	return c
+}
+
+// Start runs a system; mod adjusts its configuration first.
+func Start(t testing.TB, mod ...func(*config.Config)) *System {
+	t.Helper()
+	env := testenv.New(t)
+	cfg := Config(env)
+	for _, m := range mod {
+		m(&cfg)
+	}
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := app.Open(ctx, cfg, log, true)
+	require.NoError(t, err)
+	srv, err := app.NewServer(d)
+	require.NoError(t, err)
+	tn, err := d.DB.Create(ctx, tenants.CreateParams{Name: "tenant-under-test", StreamShards: 2})
+	require.NoError(t, err)
+	ready := make(chan string, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Run(ctx, cfg.HTTPAddr, ready); err != nil {
+			t.Errorf("server: %v", err)
+		}
+	}()
+	addr := <-ready
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		d.Close()
+	})
+	return &System{T: t, Env: env, Cfg: cfg, Deps: d, Server: srv, URL: "http://" + addr, Tenant: tn.ID, Log: log}
+}
+
+// Coordinator returns the system's coordinator.
+func (s *System) Coordinator() *engine.Coordinator { return s.Server.Coordinator }
+
+// WorkerOptions adjust a worker started by StartWorker.
+type WorkerOptions struct {
+	Handlers *workers.Handlers
+	Config   func(*workers.Config)
+	// API replaces the HTTP task API client (e.g. to intercept calls).
+	API workers.TaskAPI
+}
+
+// StartWorker runs an in-process worker against the system until the test
+// ends (or stop is called).
+func (s *System) StartWorker(o WorkerOptions) (w *workers.Worker, stop func()) {
+	s.T.Helper()
+	policy, err := ssrf.NewPolicy(s.Cfg.AllowPrivateNetworks)
+	require.NoError(s.T, err)
+	executors := map[string]workers.Executor{"http": workers.NewHTTP(policy), "noop": workers.Noop}
+	if o.Handlers != nil {
+		executors["task"] = o.Handlers
+	}
+	cfg := workers.Config{Queues: []string{"default"}, Concurrency: 8, LeaseTTL: s.Cfg.LeaseTTL, ClaimIdle: s.Cfg.ClaimIdle,
+		ShutdownTimeout: 2 * time.Second, Namespace: s.Cfg.RedisNamespace, IdlePoll: 200 * time.Millisecond}
+	if o.Config != nil {
+		o.Config(&cfg)
+	}
+	api := o.API
+	if api == nil {
+		api = taskapi.NewClient(s.URL, s.Cfg.WorkerToken)
+	}
+	w = workers.New(cfg, s.Deps.Redis, api, executors, s.Log.Named(cfg.WorkerID))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	s.T.Cleanup(stop)
+	return w, stop
+}
+
+// Workflow creates a workflow and returns its id.
+func (s *System) Workflow(def string) uuid.UUID {
+	s.T.Helper()
+	w, _, err := s.Coordinator().CreateWorkflow(context.Background(), s.Tenant, "wf-"+uuid.NewString()[:8], "", []byte(def))
+	require.NoError(s.T, err)
+	return w.ID
+}
+
+// StartRun starts a run and returns its id.
+func (s *System) StartRun(wf uuid.UUID, input string) uuid.UUID {
+	s.T.Helper()
+	res, err := s.Coordinator().StartRun(context.Background(), s.Tenant, engine.StartRun{WorkflowID: wf, Input: json.RawMessage(input)})
+	require.NoError(s.T, err)
+	return res.RunID
+}
+
+// Run reads a run and its tasks.
+func (s *System) Run(id uuid.UUID) (engine.RunView, map[string]engine.TaskView) {
+	s.T.Helper()
+	var run engine.RunView
+	tasks := map[string]engine.TaskView{}
+	err := s.Deps.DB.WithTenant(context.Background(), s.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		if run, err = engine.GetRun(ctx, tx, id); err != nil {
+			return err
+		}
+		list, err := engine.TasksOfRuns(ctx, tx, []uuid.UUID{id})
+		for _, t := range list {
+			tasks[t.NodeID] = t
+		}
+		return err
+	})
+	require.NoError(s.T, err)
+	return run, tasks
+}
+
+// WaitRun waits until the run is terminal and returns it.
+func (s *System) WaitRun(id uuid.UUID, timeout time.Duration) (engine.RunView, map[string]engine.TaskView) {
+	s.T.Helper()
+	var run engine.RunView
+	var tasks map[string]engine.TaskView
+	Eventually(s.T, fmt.Sprintf("run %s to finish", id), timeout, func() bool {
+		run, tasks = s.Run(id)
+		return run.Status != "running"
+	})
+	return run, tasks
+}
+
+// Eventually polls cond until it holds or the timeout passes.
+func Eventually(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds cmd/composer once per test process and returns its path,
+// for tests that run and kill real processes.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err := os.MkdirTemp("", "composer-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "composer")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/composer")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	require.NoError(t, buildErr)
+	return binPath
+}
+
+// ProcessEnv is the environment that points a composer process at this
+// system's database, Redis and server.
+func (s *System) ProcessEnv() []string {
+	c := s.Cfg
+	return append(os.Environ(),
+		"COMPOSER_DATABASE_URL="+c.DatabaseURL, "COMPOSER_SYSTEM_DATABASE_URL="+c.SystemDatabaseURL,
+		"COMPOSER_MIGRATE_DATABASE_URL="+c.MigrateDatabaseURL, "COMPOSER_REDIS_URL="+c.RedisURL,
+		"COMPOSER_REDIS_NAMESPACE="+c.RedisNamespace, "COMPOSER_SERVER_URL="+s.URL, "COMPOSER_WORKER_TOKEN="+c.WorkerToken,
+		"COMPOSER_LEASE_TTL="+c.LeaseTTL.String(), "COMPOSER_CLAIM_IDLE="+c.ClaimIdle.String(),
+		"COMPOSER_SWEEP_INTERVAL="+c.SweepInterval.String(), "COMPOSER_LOST_DISPATCH_AGE="+c.LostDispatchAge.String(),
+		"COMPOSER_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128", "COMPOSER_LOG_LEVEL=warn")
+}

@@ -1,0 +1,208 @@
+// Package ssrf keeps outbound HTTP requests to tenant-supplied URLs (HTTP
+// workflow steps, webhooks) away from internal infrastructure.
+//
+// A Policy refuses every address that is not public internet: unspecified,
+// "this network", loopback, private (RFC 1918 and IPv6 unique-local),
+// link-local (which hosts cloud metadata endpoints such as 169.254.169.254
+// and fd00:ec2::254), carrier-grade NAT, IETF protocol assignments,
+// benchmarking, documentation, reserved, broadcast and multicast ranges, and
+// the 6to4, Teredo and NAT64 prefixes that can embed a private IPv4 address.
+// IPv4-mapped IPv6 addresses are unmapped first, so ::ffff:10.0.0.1 is
+// treated as 10.0.0.1. CIDRs passed to NewPolicy override the block list,
+// for local development and tests.
+//
+// The check runs at connect time, in net.Dialer.Control, on the IP the
+// socket is about to connect to. Validating a URL's hostname before the
+// request is not enough: DNS can answer differently on the second lookup
+// (DNS rebinding), and every redirect hop resolves again. Checking the
+// dialed address covers both, and a refused address never sees a packet.
+//
+// A Policy is immutable after NewPolicy and safe for concurrent use; the
+// dialers, transports and clients it builds may be shared across goroutines.
+package ssrf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"syscall"
+	"time"
+)
+
+// ErrBlocked is wrapped by every refusal; errors.Is(err, ssrf.ErrBlocked)
+// identifies them.
+var ErrBlocked = errors.New("ssrf: blocked")
+
+const maxRedirects = 5
+
+// Policy decides which addresses outbound connections may reach. The zero
+// Policy blocks every non-public address and allows nothing extra.
+type Policy struct {
+	allow []netip.Prefix
+}
+
+// NewPolicy returns a policy that blocks every non-public address, except
+// the CIDRs in allow (for local development and tests, e.g. "127.0.0.0/8").
+// A bad CIDR is an error naming it.
+func NewPolicy(allow []string) (*Policy, error) {
+	p := &Policy{allow: make([]netip.Prefix, 0, len(allow))}
+	for _, s := range allow {
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("ssrf: invalid allow CIDR %q: %w", s, err)
+		}
+		p.allow = append(p.allow, pfx.Masked())
+	}
+	return p, nil
+}
+
+type rule struct {
+	prefix netip.Prefix
+	reason string // completes "<ip> is ..."
+}
+
+// rules are checked in order, first match wins, so narrower prefixes come
+// before the ranges that contain them to give the most precise reason.
+var rules = func() []rule {
+	src := []struct{ cidr, reason string }{
+		// IPv4
+		{"0.0.0.0/32", "unspecified"},
+		{"0.0.0.0/8", `in "this network" (0.0.0.0/8)`},
+		{"127.0.0.0/8", "loopback"},
+		{"10.0.0.0/8", "a private address"},
+		{"172.16.0.0/12", "a private address"},
+		{"192.168.0.0/16", "a private address"},
+		{"169.254.0.0/16", "link-local (cloud metadata)"},
+		{"100.64.0.0/10", "a carrier-grade NAT address"},
+		{"192.0.0.0/24", "reserved for IETF protocol assignments"},
+		{"198.18.0.0/15", "reserved for benchmarking"},
+		{"192.0.2.0/24", "a documentation address"},
+		{"198.51.100.0/24", "a documentation address"},
+		{"203.0.113.0/24", "a documentation address"},
+		{"255.255.255.255/32", "broadcast"},
+		{"240.0.0.0/4", "reserved (240.0.0.0/4)"},
+		{"224.0.0.0/4", "multicast"},
+		// IPv6
+		{"::/128", "unspecified"},
+		{"::1/128", "loopback"},
+		{"::/96", "an IPv4-compatible address (deprecated, may embed a private IPv4 address)"},
+		{"fd00:ec2::254/128", "the AWS metadata address (unique-local)"},
+		{"fc00::/7", "a private (unique-local) address"},
+		{"fe80::/10", "link-local"},
+		{"fec0::/10", "site-local (deprecated, private)"},
+		{"ff00::/8", "multicast"},
+		{"2001:db8::/32", "a documentation address"},
+		{"3fff::/20", "a documentation address"},
+		{"100::/64", "a discard-only address"},
+		{"2002::/16", "6to4 (may embed a private IPv4 address)"},
+		{"2001::/32", "Teredo (may embed a private IPv4 address)"},
+		{"64:ff9b::/96", "NAT64 (may embed a private IPv4 address)"},
+		{"64:ff9b:1::/48", "local-use NAT64 (may embed a private IPv4 address)"},
+	}
+	out := make([]rule, len(src))
+	for i, r := range src {
+		out[i] = rule{netip.MustParsePrefix(r.cidr), r.reason}
+	}
+	return out
+}()
+
+type blockedError struct {
+	addr   string
+	reason string
+}
+
+func (e *blockedError) Error() string { return "ssrf: " + e.addr + " is " + e.reason }
+func (e *blockedError) Unwrap() error { return ErrBlocked }
+
+// Check returns nil when ip may be reached, else an error wrapping
+// ErrBlocked that says why.
+func (p *Policy) Check(ip netip.Addr) error {
+	if !ip.IsValid() {
+		return &blockedError{addr: "<invalid>", reason: "not a valid IP address"}
+	}
+	// Prefix.Contains never matches a zoned address, and a mapped address
+	// never matches an IPv4 prefix: normalise both away first.
+	norm := ip.Unmap().WithZone("")
+	for _, a := range p.allow {
+		if a.Contains(norm) {
+			return nil
+		}
+	}
+	for _, r := range rules {
+		if r.prefix.Contains(norm) {
+			return &blockedError{addr: ip.String(), reason: r.reason}
+		}
+	}
+	// Backstop for anything the table misses.
+	if !norm.IsGlobalUnicast() {
+		return &blockedError{addr: ip.String(), reason: "not a global unicast address"}
+	}
+	return nil
+}
+
+// Control is a net.Dialer.Control function enforcing the policy on the
+// address actually being dialed. By then the host is an IP literal; anything
+// else is blocked.
+func (p *Policy) Control(network, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return fmt.Errorf("%w: cannot parse dial address %q (%s)", ErrBlocked, address, network)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return fmt.Errorf("%w: dial address %q is not an IP literal (%s)", ErrBlocked, address, network)
+	}
+	return p.Check(ip)
+}
+
+// Dialer returns a net.Dialer whose Control enforces the policy (timeout
+// 10s, keepalive 30s). Do not set ControlContext on it: net.Dialer then
+// ignores Control.
+func (p *Policy) Dialer() *net.Dialer {
+	return &net.Dialer{
+		Timeout:   10 * time.Second,
+		KeepAlive: 30 * time.Second,
+		Control:   p.Control,
+	}
+}
+
+// Transport returns an *http.Transport for tenant URLs. Proxy is nil on
+// purpose: through a proxy we would dial (and check) the proxy, not the
+// tenant's target, and environment proxies must not change that.
+func (p *Policy) Transport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           p.Dialer().DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          100,
+		MaxIdleConnsPerHost:   32,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: 30 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+	}
+}
+
+// Client returns an *http.Client using Transport() with the given overall
+// timeout (0 means none). It follows at most 5 redirects and refuses
+// redirects to non-http(s) schemes; every hop dials through the same
+// Control, so a redirect to a blocked address fails at connect time.
+func (p *Policy) Client(timeout time.Duration) *http.Client {
+	return &http.Client{
+		Transport: p.Transport(),
+		Timeout:   timeout,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			// via holds the original request and earlier hops, so
+			// len(via) is the number of this redirect.
+			if len(via) > maxRedirects {
+				return fmt.Errorf("ssrf: stopped after %d redirects", maxRedirects)
+			}
+			if s := req.URL.Scheme; s != "http" && s != "https" {
+				return fmt.Errorf("%w: redirect to unsupported scheme %q", ErrBlocked, s)
+			}
+			return nil
+		},
+	}
+}

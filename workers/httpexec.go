@@ -1,0 +1,187 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/composer-dev/composer/internal/ssrf"
+)
+
+// MaxResponseBytes caps an HTTP step's response body.
+const MaxResponseBytes = 1 << 20
+
+// DefaultHTTPTimeout bounds an HTTP step without a timeout of its own.
+const DefaultHTTPTimeout = 30 * time.Second
+
+// keptHeaders are the response headers an HTTP step's output keeps.
+var keptHeaders = []string{"Content-Type", "Location", "ETag", "Last-Modified", "Retry-After", "X-Request-Id"}
+
+// HTTP runs http nodes. Every request goes through the SSRF-safe client,
+// carries the task id as Idempotency-Key (stable across every attempt and
+// redelivery, so receivers that honour it apply the effect once) and the
+// attempt number.
+type HTTP struct {
+	client *http.Client
+}
+
+// NewHTTP returns the http executor using policy for every connection.
+func NewHTTP(policy *ssrf.Policy) *HTTP {
+	return &HTTP{client: policy.Client(0)}
+}
+
+type httpOutput struct {
+	Status  int               `json:"status"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    any               `json:"body"`
+}
+
+// Execute performs the request. 2xx completes; 4xx fails for good except
+// 408 and 429; 5xx and network errors are retryable; Retry-After is passed
+// on to the retry policy.
+func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
+	spec := t.Config.HTTP
+	if spec == nil {
+		return nil, Permanent("bad_config", "http node without a request")
+	}
+	timeout := DefaultHTTPTimeout
+	if spec.TimeoutMS > 0 {
+		timeout = time.Duration(spec.TimeoutMS) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	var body io.Reader
+	hasBody := false
+	switch {
+	case len(spec.Body) > 0:
+		body, hasBody = bytes.NewReader(spec.Body), true
+	case spec.Method != http.MethodGet && spec.Method != http.MethodHead && spec.Method != http.MethodOptions:
+		in := t.Input
+		if len(in) == 0 {
+			in = json.RawMessage(`{}`)
+		}
+		body, hasBody = bytes.NewReader(in), true
+	}
+	req, err := http.NewRequestWithContext(ctx, spec.Method, spec.URL, body)
+	if err != nil {
+		return nil, Permanent("bad_request", "cannot build the request: %v", err)
+	}
+	for k, v := range spec.Headers {
+		req.Header.Set(k, v)
+	}
+	if hasBody && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if req.Header.Get("Idempotency-Key") == "" {
+		req.Header.Set("Idempotency-Key", t.ID.String())
+	}
+	req.Header.Set("Composer-Attempt", strconv.Itoa(t.Attempt))
+	req.Header.Set("Composer-Run-Id", t.Run.String())
+	req.Header.Set("User-Agent", "Composer/1")
+
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return nil, requestFailure(ctx, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	if err != nil {
+		return nil, Retryable("http_read", "reading the response: %v", err)
+	}
+	if len(data) > MaxResponseBytes {
+		return nil, Permanent("response_too_large", "the response body exceeds %d bytes", MaxResponseBytes)
+	}
+	out := httpOutput{Status: resp.StatusCode, Headers: map[string]string{}, Body: decodeBody(resp.Header.Get("Content-Type"), data)}
+	for _, k := range keptHeaders {
+		if v := resp.Header.Get(k); v != "" {
+			out.Headers[k] = v
+		}
+	}
+	if resp.StatusCode/100 == 2 {
+		b, err := json.Marshal(out)
+		if err != nil {
+			return nil, Permanent("bad_response", "cannot record the response: %v", err)
+		}
+		return b, nil
+	}
+	details, _ := json.Marshal(httpOutput{Status: out.Status, Headers: out.Headers, Body: truncate(data, 1024)})
+	f := &Failure{Code: "http_status", Message: fmt.Sprintf("%s %s answered %s", spec.Method, redactURL(spec.URL), resp.Status), Details: details}
+	switch {
+	case resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		f.Retryable = true
+		f.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	}
+	return nil, f
+}
+
+func requestFailure(ctx context.Context, err error) *Failure {
+	switch {
+	case errors.Is(err, ssrf.ErrBlocked):
+		return Permanent("ssrf_blocked", "%v", unwrapURLError(err))
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return Retryable("http_timeout", "the request timed out")
+	}
+	return Retryable("http_network", "%v", unwrapURLError(err))
+}
+
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// decodeBody keeps a JSON body as JSON and anything else as text.
+func decodeBody(contentType string, data []byte) any {
+	if len(data) == 0 {
+		return nil
+	}
+	if strings.Contains(contentType, "json") || json.Valid(data) {
+		var v any
+		if json.Unmarshal(data, &v) == nil {
+			return json.RawMessage(data)
+		}
+	}
+	return string(bytes.ToValidUTF8(data, []byte("\uFFFD")))
+}
+
+func truncate(data []byte, n int) string {
+	if len(data) > n {
+		data = data[:n]
+	}
+	return string(bytes.ToValidUTF8(data, []byte("\uFFFD")))
+}
+
+// retryAfter parses a Retry-After header: seconds or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s >= 0 {
+		return min(time.Duration(s)*time.Second, 24*time.Hour)
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return min(t.Sub(now), 24*time.Hour)
+	}
+	return 0
+}
+
+// redactURL drops the query string, which may hold secrets, from messages.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(url)"
+	}
+	u.RawQuery, u.User, u.Fragment = "", nil, ""
+	return u.String()
+}

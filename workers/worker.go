@@ -1,0 +1,762 @@
+// Package workers is Composer's worker runtime: it reads task messages
+// from the tenant stream shards of its queues, leases each task before
+// running it, renews the leases as its heartbeat, reports every result
+// with its attempt number, and acknowledges the message only after the
+// report is acknowledged.
+//
+// Guarantees and their mechanisms:
+//   - a worker fetches only as many messages as it has free execution
+//     slots (a bounded hand-off), so work stays spread across the fleet;
+//   - a message whose task is already leased or finished is dropped (the
+//     lease is the duplicate filter);
+//   - every lease is renewed every TTL/3; when a renewal says the lease is
+//     gone, the execution is cancelled with ErrLeaseLost and its result is
+//     discarded;
+//   - messages left pending by a dead consumer are reclaimed (XAUTOCLAIM)
+//     after ClaimIdle; one delivered more than MaxDeliveries times without
+//     ever running is reported as a failed attempt instead;
+//   - on shutdown the worker stops reading, lets running tasks finish
+//     within ShutdownTimeout, then cancels and reports the rest.
+//
+// Workers talk to the engine only through the task API (engine/taskapi).
+// A Worker is safe for concurrent use; run one per process.
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/engine/taskapi"
+)
+
+// ErrLeaseLost is the cancellation cause of an execution whose lease is gone.
+var ErrLeaseLost = errors.New("lease lost")
+
+// ErrShutdown is the cancellation cause of executions still running when
+// the shutdown deadline passes.
+var ErrShutdown = errors.New("worker shutting down")
+
+// TaskAPI is what a worker needs of the server; *taskapi.Client has it.
+type TaskAPI interface {
+	Acquire(context.Context, taskapi.AcquireRequest) (taskapi.AcquireResponse, error)
+	Renew(context.Context, taskapi.RenewRequest) (taskapi.RenewResponse, error)
+	Complete(context.Context, taskapi.CompleteRequest) (taskapi.ReportResponse, error)
+	Fail(context.Context, taskapi.FailRequest) (taskapi.ReportResponse, error)
+}
+
+// Config configures a Worker. Zero fields take the defaults.
+type Config struct {
+	// Queues to serve (default ["default"]).
+	Queues []string
+	// Concurrency is the number of execution slots (default 16).
+	Concurrency int
+	// LeaseTTL is asked for each lease; renewals come every TTL/3 (default 30s).
+	LeaseTTL time.Duration
+	// ClaimIdle is how long a message may sit unacknowledged with another
+	// consumer before this worker reclaims it (default 2×LeaseTTL).
+	ClaimIdle time.Duration
+	// MaxDeliveries bounds how often one message is delivered (default 5).
+	MaxDeliveries int64
+	// ShutdownTimeout is how long running tasks may finish after shutdown
+	// begins (default 30s).
+	ShutdownTimeout time.Duration
+	// WorkerID names this worker: its consumer name and lease owner
+	// (default host-pid-random).
+	WorkerID string
+	// Namespace prefixes Redis keys (default "composer").
+	Namespace string
+	// IdlePoll is how long an idle read loop waits for a wake-up before
+	// looking again (default 1s).
+	IdlePoll time.Duration
+	// ActiveWindow is how recently a tenant must have had work published to
+	// be read (default 24h).
+	ActiveWindow time.Duration
+}
+
+func (c *Config) defaults() {
+	if len(c.Queues) == 0 {
+		c.Queues = []string{"default"}
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 16
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 30 * time.Second
+	}
+	if c.ClaimIdle <= 0 {
+		c.ClaimIdle = 2 * c.LeaseTTL
+	}
+	if c.MaxDeliveries <= 0 {
+		c.MaxDeliveries = 5
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.WorkerID == "" {
+		host, _ := os.Hostname()
+		c.WorkerID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), uuid.NewString()[:8])
+	}
+	if c.IdlePoll <= 0 {
+		c.IdlePoll = time.Second
+	}
+	if c.ActiveWindow <= 0 {
+		c.ActiveWindow = 24 * time.Hour
+	}
+}
+
+// Worker executes tasks.
+type Worker struct {
+	cfg   Config
+	rdb   redis.UniversalClient
+	names stream.Names
+	api   TaskAPI
+	exec  map[string]Executor
+	log   *zap.Logger
+
+	slots chan struct{} // one token per busy slot
+	freed chan struct{} // pinged when a slot frees
+
+	mu       sync.Mutex
+	inflight map[uuid.UUID]*execution
+	running  sync.WaitGroup
+
+	wakeMu sync.Mutex
+	wakes  map[string]chan struct{}
+
+	tenantsMu sync.Mutex
+	tenants   map[string][]tenantShards // queue -> discovered tenants
+
+	// pauseRenewals, in tests, stops renewing (a worker frozen by a GC
+	// pause or SIGSTOP as far as the server can tell).
+	pauseRenewals atomic.Bool
+}
+
+type tenantShards struct {
+	tenant uuid.UUID
+	shards int
+}
+
+type execution struct {
+	ref    taskapi.Ref
+	node   string
+	cancel context.CancelCauseFunc
+}
+
+// New returns a worker. executors maps node types ("http", "task", "noop")
+// to what runs them.
+func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[string]Executor, log *zap.Logger) *Worker {
+	cfg.defaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	w := &Worker{cfg: cfg, rdb: rdb, names: stream.NewNames(cfg.Namespace), api: api, exec: executors,
+		log: log.With(zap.String("worker_id", cfg.WorkerID)), slots: make(chan struct{}, cfg.Concurrency),
+		freed: make(chan struct{}, 1), inflight: map[uuid.UUID]*execution{}, wakes: map[string]chan struct{}{},
+		tenants: map[string][]tenantShards{}}
+	for _, q := range cfg.Queues {
+		w.wakes[q] = make(chan struct{}, 1)
+	}
+	return w
+}
+
+// ID returns the worker's id (consumer name and lease owner).
+func (w *Worker) ID() string { return w.cfg.WorkerID }
+
+// Run serves the queues until ctx ends, then shuts down gracefully.
+func (w *Worker) Run(ctx context.Context) error {
+	// Executions outlive ctx by up to ShutdownTimeout.
+	execCtx, cancelExec := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelExec(ErrShutdown)
+
+	var loops sync.WaitGroup
+	loops.Add(3)
+	go func() { defer loops.Done(); w.wakeLoop(ctx) }()
+	go func() { defer loops.Done(); w.renewLoop(execCtx) }()
+	go func() { defer loops.Done(); w.reclaimLoop(ctx, execCtx) }()
+	for _, q := range w.cfg.Queues {
+		loops.Add(1)
+		go func() { defer loops.Done(); w.readLoop(ctx, execCtx, q) }()
+	}
+	w.log.Info("worker started", zap.Strings("queues", w.cfg.Queues), zap.Int("concurrency", w.cfg.Concurrency))
+	<-ctx.Done()
+
+	done := make(chan struct{})
+	go func() { w.running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.ShutdownTimeout):
+		w.log.Warn("shutdown deadline passed; cancelling running tasks")
+		cancelExec(ErrShutdown)
+		<-done
+	}
+	cancelExec(ErrShutdown)
+	loops.Wait()
+	w.log.Info("worker stopped")
+	return nil
+}
+
+func (w *Worker) takeSlots(n int) int {
+	got := 0
+	for ; got < n; got++ {
+		select {
+		case w.slots <- struct{}{}:
+		default:
+			return got
+		}
+	}
+	return got
+}
+
+func (w *Worker) releaseSlot() {
+	<-w.slots
+	select {
+	case w.freed <- struct{}{}:
+	default:
+	}
+}
+
+// wakeLoop turns the enqueuer's publishes into wake-ups of the read loops.
+func (w *Worker) wakeLoop(ctx context.Context) {
+	channels := make([]string, 0, len(w.cfg.Queues))
+	byChannel := map[string]string{}
+	for _, q := range w.cfg.Queues {
+		ch := w.names.Wake(q)
+		channels = append(channels, ch)
+		byChannel[ch] = q
+	}
+	for ctx.Err() == nil {
+		ps := w.rdb.Subscribe(ctx, channels...)
+		msgs := ps.Channel()
+	recv:
+		for {
+			select {
+			case <-ctx.Done():
+				break recv
+			case m, ok := <-msgs:
+				if !ok {
+					break recv
+				}
+				q := byChannel[m.Channel]
+				if t, n, err := stream.ParseActiveMember(m.Payload); err == nil {
+					w.learn(q, tenantShards{tenant: t, shards: n})
+				}
+				w.wake(q)
+			}
+		}
+		_ = ps.Close()
+		if ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+func (w *Worker) wake(queue string) {
+	if ch := w.wakes[queue]; ch != nil {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// learn adds a tenant announced by a wake-up to a queue's tenants.
+func (w *Worker) learn(queue string, t tenantShards) {
+	w.tenantsMu.Lock()
+	defer w.tenantsMu.Unlock()
+	for i, have := range w.tenants[queue] {
+		if have.tenant == t.tenant {
+			w.tenants[queue][i].shards = max(have.shards, t.shards)
+			return
+		}
+	}
+	w.tenants[queue] = append(w.tenants[queue], t)
+}
+
+func (w *Worker) known(queue string) []tenantShards {
+	w.tenantsMu.Lock()
+	defer w.tenantsMu.Unlock()
+	return append([]tenantShards(nil), w.tenants[queue]...)
+}
+
+// discover refreshes the tenants with recent work on a queue from the
+// active set (no key scans).
+func (w *Worker) discover(ctx context.Context, queue string) []tenantShards {
+	min := time.Now().Add(-w.cfg.ActiveWindow).UnixMilli()
+	members, err := w.rdb.ZRangeByScore(ctx, w.names.Active(queue), &redis.ZRangeBy{Min: fmt.Sprint(min), Max: "+inf"}).Result()
+	if err != nil {
+		w.log.Warn("discovering tenants failed", zap.String("queue", queue), zap.Error(err))
+		return w.known(queue)
+	}
+	byTenant := map[uuid.UUID]int{}
+	for _, m := range members {
+		t, n, err := stream.ParseActiveMember(m)
+		if err != nil {
+			continue
+		}
+		byTenant[t] = max(byTenant[t], n) // after a shard change, read every shard that may hold work
+	}
+	out := make([]tenantShards, 0, len(byTenant))
+	for t, n := range byTenant {
+		out = append(out, tenantShards{tenant: t, shards: n})
+	}
+	w.tenantsMu.Lock()
+	defer w.tenantsMu.Unlock()
+	// Keep tenants learnt from wake-ups since the read began.
+	for _, have := range w.tenants[queue] {
+		if _, ok := byTenant[have.tenant]; !ok && have.shards > 0 {
+			out = append(out, have)
+		}
+	}
+	w.tenants[queue] = out
+	return out
+}
+
+// readLoop reads new messages of one queue, round-robin over its tenants,
+// never more than the free slots.
+func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
+	var tenants []tenantShards
+	var lastDiscover time.Time
+	next := 0
+	for ctx.Err() == nil {
+		if time.Since(lastDiscover) > 5*time.Second {
+			w.discover(ctx, queue)
+			lastDiscover = time.Now()
+		}
+		tenants = w.known(queue)
+		got := 0
+		for i := 0; i < len(tenants) && ctx.Err() == nil; i++ {
+			t := tenants[(next+i)%len(tenants)]
+			free := w.takeSlots(w.cfg.Concurrency)
+			if free == 0 {
+				break
+			}
+			msgs := w.read(ctx, queue, t, free)
+			for range free - len(msgs) {
+				w.releaseSlot()
+			}
+			got += len(msgs)
+			if len(msgs) > 0 {
+				w.dispatch(execCtx, msgs)
+			}
+		}
+		next++
+		if ctx.Err() != nil {
+			return
+		}
+		if w.takeSlots(1) == 0 {
+			// Every slot is busy: wait for one to free.
+			select {
+			case <-ctx.Done():
+			case <-w.freed:
+			}
+			continue
+		}
+		w.releaseSlot()
+		if got == 0 {
+			select {
+			case <-ctx.Done():
+			case <-w.wakes[queue]:
+			case <-time.After(w.cfg.IdlePoll):
+			}
+		}
+	}
+}
+
+// read fetches up to n new messages from a tenant's shards in one pipelined
+// round trip, spreading n over the shards so that no more than n arrive.
+func (w *Worker) read(ctx context.Context, queue string, t tenantShards, n int) []stream.Message {
+	keys := w.names.Streams(t.tenant, queue, t.shards)
+	start := int(time.Now().UnixNano() % int64(len(keys))) // rotate which shard gets the remainder
+	pipe := w.rdb.Pipeline()
+	var cmds []*redis.XStreamSliceCmd
+	var cmdKeys []string
+	for i := range keys {
+		count := n / len(keys)
+		if (i-start+len(keys))%len(keys) < n%len(keys) {
+			count++
+		}
+		if count == 0 {
+			continue
+		}
+		key := keys[i]
+		cmds = append(cmds, pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.Group, Consumer: w.cfg.WorkerID,
+			Streams: []string{key, ">"}, Count: int64(count), Block: -1}))
+		cmdKeys = append(cmdKeys, key)
+	}
+	_, _ = pipe.Exec(ctx)
+	var out []stream.Message
+	for i, c := range cmds {
+		res, err := c.Result()
+		switch {
+		case err == redis.Nil:
+			continue
+		case stream.IsNoGroup(err):
+			if err := stream.EnsureGroup(ctx, w.rdb, cmdKeys[i]); err != nil {
+				w.log.Warn("creating consumer group failed", zap.String("stream", cmdKeys[i]), zap.Error(err))
+			}
+			continue
+		case err != nil:
+			if ctx.Err() == nil {
+				w.log.Warn("reading stream failed", zap.String("stream", cmdKeys[i]), zap.Error(err))
+			}
+			continue
+		}
+		for _, s := range res {
+			for _, x := range s.Messages {
+				m, err := stream.Parse(s.Stream, x)
+				if err != nil {
+					w.deadLetter(ctx, s.Stream, x, err)
+					continue
+				}
+				m.Deliveries = 1
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// deadLetter moves an undecodable message aside so it is never delivered
+// again, keeping it for inspection.
+func (w *Worker) deadLetter(ctx context.Context, key string, x redis.XMessage, cause error) {
+	w.log.Error("poison message dead-lettered", zap.String("stream", key), zap.String("message_id", x.ID), zap.Error(cause))
+	pipe := w.rdb.Pipeline()
+	pipe.XAdd(ctx, &redis.XAddArgs{Stream: w.names.NS + ":dead", MaxLen: 10_000, Approx: true,
+		Values: map[string]any{"stream": key, "id": x.ID, "error": cause.Error(), "values": fmt.Sprint(x.Values)}})
+	pipe.XAck(ctx, key, stream.Group, x.ID)
+	pipe.XDel(ctx, key, x.ID)
+	_, _ = pipe.Exec(ctx)
+}
+
+// ack acknowledges and deletes handled messages: the database is the
+// truth, so a stream only needs what is still to be done.
+func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	pipe := w.rdb.Pipeline()
+	for _, m := range msgs {
+		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
+		pipe.XDel(ctx, m.Stream, m.ID)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		w.log.Warn("acknowledging messages failed; they will be reclaimed and dropped", zap.Error(err))
+	}
+}
+
+// dispatch leases a batch of messages in one call and starts each acquired
+// task in the slot taken for it; the rest are duplicates or stale and are
+// dropped.
+func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
+	refs := make([]taskapi.Ref, len(msgs))
+	for i, m := range msgs {
+		refs[i] = taskapi.Ref{Tenant: m.Tenant, Run: m.Run, Task: m.Task, Attempt: m.Attempt}
+	}
+	ctx, cancel := context.WithTimeout(execCtx, 15*time.Second)
+	res, err := w.api.Acquire(ctx, taskapi.AcquireRequest{WorkerID: w.cfg.WorkerID, TTLMillis: w.cfg.LeaseTTL.Milliseconds(), Leases: refs})
+	cancel()
+	if err != nil || len(res.Leases) != len(msgs) {
+		// Leave the messages pending: they are reclaimed later, by this
+		// worker or another.
+		w.log.Warn("acquiring leases failed", zap.Int("messages", len(msgs)), zap.Error(err))
+		for range msgs {
+			w.releaseSlot()
+		}
+		time.Sleep(200 * time.Millisecond)
+		return
+	}
+	var dropped []stream.Message
+	for i, l := range res.Leases {
+		if !l.Acquired {
+			dropped = append(dropped, msgs[i])
+			w.releaseSlot()
+			continue
+		}
+		w.start(execCtx, msgs[i], l)
+	}
+	w.ack(execCtx, dropped...)
+}
+
+func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Lease) {
+	var cfg taskapi.TaskConfig
+	if len(l.Config) > 0 {
+		if err := json.Unmarshal(l.Config, &cfg); err != nil {
+			w.log.Error("bad task config", zap.Stringer("task_id", m.Task), zap.Error(err))
+		}
+	}
+	t := Task{Tenant: m.Tenant, Run: m.Run, ID: m.Task, NodeID: l.NodeID, NodeType: l.NodeType, Attempt: m.Attempt,
+		MaxAttempts: l.MaxAttempts, WorkflowID: l.WorkflowID, WorkflowVersion: l.WorkflowVersion, Input: l.Input, Config: cfg}
+	ctx, cancel := context.WithCancelCause(execCtx)
+	e := &execution{ref: taskapi.Ref{Tenant: m.Tenant, Run: m.Run, Task: m.Task, Attempt: m.Attempt}, node: l.NodeID, cancel: cancel}
+	w.mu.Lock()
+	w.inflight[m.Task] = e
+	w.mu.Unlock()
+	w.running.Add(1)
+	go func() {
+		defer w.running.Done()
+		defer w.releaseSlot()
+		defer func() {
+			w.mu.Lock()
+			delete(w.inflight, m.Task)
+			w.mu.Unlock()
+			cancel(nil)
+		}()
+		w.execute(ctx, execCtx, m, t)
+	}()
+}
+
+var tracer = otel.Tracer("github.com/composer-dev/composer/workers")
+
+func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task) {
+	if m.TraceParent != "" {
+		ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier{"traceparent": m.TraceParent})
+	}
+	ctx, span := tracer.Start(ctx, "execute "+t.NodeType, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("composer.tenant_id", t.Tenant.String()), attribute.String("composer.run_id", t.Run.String()),
+			attribute.String("composer.task_id", t.ID.String()), attribute.String("composer.node_id", t.NodeID), attribute.Int("composer.attempt", t.Attempt)))
+	defer span.End()
+	log := w.log.With(zap.Stringer("tenant_id", t.Tenant), zap.Stringer("run_id", t.Run), zap.Stringer("task_id", t.ID),
+		zap.Int("attempt", t.Attempt), zap.String("trace_id", span.SpanContext().TraceID().String()))
+
+	runCtx := ctx
+	if t.Config.TimeoutMS > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, time.Duration(t.Config.TimeoutMS)*time.Millisecond)
+		defer cancel()
+	}
+	var out json.RawMessage
+	var err error
+	if ex := w.exec[t.NodeType]; ex == nil {
+		err = Retryable("no_executor", "this worker has no executor for %q nodes", t.NodeType)
+	} else {
+		out, err = safeExecute(runCtx, ex, t)
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseLost) {
+		// Someone else owns the task now (or the run was cancelled): the
+		// result is not ours to report.
+		log.Info("lease lost; result discarded")
+		span.SetStatus(codes.Error, "lease lost")
+		w.ack(execCtx, m)
+		return
+	}
+	// Reports outlive the execution's context but belong to its trace, so
+	// the next step's dispatch continues the same trace.
+	reportCtx := trace.ContextWithSpan(execCtx, span)
+	if err == nil {
+		w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
+			return w.api.Complete(ctx, taskapi.CompleteRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Output: out})
+		})
+		return
+	}
+	f := asFailure(err)
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, ErrShutdown):
+		f = Retryable("worker_shutdown", "the worker shut down before the task finished")
+	case runCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil:
+		f = Retryable("execution_timeout", "the attempt exceeded its timeout of %s", time.Duration(t.Config.TimeoutMS)*time.Millisecond)
+	}
+	span.SetStatus(codes.Error, f.Code)
+	w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
+		return w.api.Fail(ctx, taskapi.FailRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Retryable: f.Retryable,
+			RetryAfterMillis: f.RetryAfter.Milliseconds(), Error: taskapi.Error{Code: f.Code, Message: f.Message, Details: f.Details}})
+	})
+}
+
+// safeExecute turns an executor panic into a retryable failure.
+func safeExecute(ctx context.Context, ex Executor, t Task) (out json.RawMessage, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, Retryable("panic", "executor panicked: %v", r)
+		}
+	}()
+	return ex.Execute(ctx, t)
+}
+
+func refOf(m stream.Message) taskapi.Ref {
+	return taskapi.Ref{Tenant: m.Tenant, Run: m.Run, Task: m.Task, Attempt: m.Attempt}
+}
+
+// report sends a result until the server acknowledges it, then acks the
+// message. A report the server cannot take (a client error) is final.
+func (w *Worker) report(ctx context.Context, log *zap.Logger, m stream.Message, send func(context.Context) (taskapi.ReportResponse, error)) {
+	backoff := 100 * time.Millisecond
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		res, err := send(callCtx)
+		cancel()
+		if err == nil {
+			if res.Ignored {
+				log.Info("report ignored by the server", zap.String("reason", res.Reason))
+			}
+			w.ack(ctx, m)
+			return
+		}
+		var apiErr *taskapi.APIError
+		if errors.As(err, &apiErr) && !apiErr.Temporary() {
+			log.Error("report rejected", zap.Error(err))
+			w.ack(ctx, m)
+			return
+		}
+		if ctx.Err() != nil {
+			log.Warn("report abandoned at shutdown; the lease will expire and the task be retried", zap.Error(err))
+			return
+		}
+		log.Warn("report failed; retrying", zap.Error(err), zap.Duration("in", backoff))
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// renewLoop renews every held lease every TTL/3 in one call, and cancels
+// the executions whose lease is gone.
+func (w *Worker) renewLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if w.pauseRenewals.Load() {
+			continue
+		}
+		w.mu.Lock()
+		var execs []*execution
+		for _, e := range w.inflight {
+			execs = append(execs, e)
+		}
+		w.mu.Unlock()
+		if len(execs) == 0 {
+			continue
+		}
+		refs := make([]taskapi.Ref, len(execs))
+		for i, e := range execs {
+			refs[i] = e.ref
+		}
+		callCtx, cancel := context.WithTimeout(ctx, w.cfg.LeaseTTL/3)
+		res, err := w.api.Renew(callCtx, taskapi.RenewRequest{WorkerID: w.cfg.WorkerID, TTLMillis: w.cfg.LeaseTTL.Milliseconds(), Leases: refs})
+		cancel()
+		if err != nil || len(res.Leases) != len(execs) {
+			// Transient: the lease lasts until its TTL, and two more tries fit.
+			w.log.Warn("renewing leases failed", zap.Error(err))
+			continue
+		}
+		for i, r := range res.Leases {
+			if !r.Held {
+				w.log.Info("lease lost", zap.Stringer("task_id", execs[i].ref.Task), zap.Int("attempt", execs[i].ref.Attempt))
+				execs[i].cancel(ErrLeaseLost)
+			}
+		}
+	}
+}
+
+// reclaimLoop takes over messages a dead consumer left pending, and drops
+// the consumers that are long gone.
+func (w *Worker) reclaimLoop(ctx, execCtx context.Context) {
+	interval := max(w.cfg.ClaimIdle/2, 100*time.Millisecond)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, q := range w.cfg.Queues {
+			for _, ts := range w.known(q) {
+				for _, key := range w.names.Streams(ts.tenant, q, ts.shards) {
+					if ctx.Err() != nil {
+						return
+					}
+					w.reclaim(ctx, execCtx, key)
+				}
+			}
+		}
+	}
+}
+
+// reclaim runs one reclaim pass over a stream.
+func (w *Worker) reclaim(ctx, execCtx context.Context, key string) {
+	free := w.takeSlots(w.cfg.Concurrency)
+	defer func() {
+		for range free {
+			w.releaseSlot()
+		}
+	}()
+	if free == 0 {
+		return
+	}
+	xs, _, err := w.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: key, Group: stream.Group, Consumer: w.cfg.WorkerID,
+		MinIdle: w.cfg.ClaimIdle, Start: "0-0", Count: int64(free)}).Result()
+	if err != nil {
+		if err != redis.Nil && !stream.IsNoGroup(err) && ctx.Err() == nil {
+			w.log.Warn("reclaiming failed", zap.String("stream", key), zap.Error(err))
+		}
+		return
+	}
+	if len(xs) == 0 {
+		return
+	}
+	// Delivery counts, to stop a message that keeps coming back.
+	pipe := w.rdb.Pipeline()
+	counts := make([]*redis.XPendingExtCmd, len(xs))
+	for i, x := range xs {
+		counts[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: stream.Group, Start: x.ID, End: x.ID, Count: 1})
+	}
+	_, _ = pipe.Exec(ctx)
+	var run []stream.Message
+	for i, x := range xs {
+		m, err := stream.Parse(key, x)
+		if err != nil {
+			w.deadLetter(ctx, key, x, err)
+			continue
+		}
+		if p, err := counts[i].Result(); err == nil && len(p) == 1 {
+			m.Deliveries = p[0].RetryCount
+		}
+		if m.Deliveries > w.cfg.MaxDeliveries {
+			w.poison(ctx, m)
+			continue
+		}
+		run = append(run, m)
+	}
+	if len(run) > 0 {
+		// Hand the reclaimed messages the slots taken for them.
+		free -= len(run)
+		w.dispatch(execCtx, run)
+	}
+}
+
+// poison reports a message delivered too often as a failed attempt (it
+// applies only if nobody ever leased that attempt) and drops it.
+func (w *Worker) poison(ctx context.Context, m stream.Message) {
+	w.log.Error("message delivered too many times; reporting a failed attempt", zap.Stringer("task_id", m.Task),
+		zap.Int64("deliveries", m.Deliveries), zap.Int("attempt", m.Attempt))
+	_, err := w.api.Fail(ctx, taskapi.FailRequest{Ref: refOf(m), NodeID: m.Node, WorkerID: w.cfg.WorkerID, Unleased: true, Retryable: true,
+		Error: taskapi.Error{Code: "max_deliveries", Message: fmt.Sprintf("the message was delivered %d times without completing", m.Deliveries)}})
+	if err != nil {
+		w.log.Warn("reporting a poison message failed; it stays pending", zap.Error(err))
+		return
+	}
+	w.ack(ctx, m)
+}
