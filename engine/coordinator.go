@@ -536,3 +536,18 @@ func (c *Coordinator) afterCommit(tx *tenants.Tx, runID uuid.UUID, ev sm.Event, 
 		}
 	})
 }
+
+// RerunAsNew starts a new run of the same workflow version with the same
+// input as runID; the new run records what it repeats.
+func (c *Coordinator) RerunAsNew(ctx context.Context, tenant, runID uuid.UUID) (Started, error) {
+	var old RunView
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		old, err = GetRun(ctx, tx, runID)
+		return err
+	})
+	if err != nil {
+		return Started{}, err
+	}
+	return c.StartRun(ctx, tenant, StartRun{WorkflowID: old.WorkflowID, Version: old.WorkflowVersion, Input: old.Input, RerunOf: runID})
+}

@@ -118,6 +118,45 @@ func (s *Server) MountDev(tenant uuid.UUID) {
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"run_id": res.RunID, "created": res.Created, "status": res.Status})
 	})
+	s.Mux.HandleFunc("POST /v1/dev/runs/{id}/{action}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := uuid.Parse(r.PathValue("id"))
+		if err != nil {
+			writeErr(w, errs.E(errs.Invalid, "not a run id"))
+			return
+		}
+		var in struct {
+			ID      string          `json:"id"`
+			Name    string          `json:"name"`
+			Payload json.RawMessage `json:"payload"`
+			Reason  string          `json:"reason"`
+		}
+		if r.ContentLength != 0 && !decode(w, r, &in) {
+			return
+		}
+		var ack engine.Ack
+		switch r.PathValue("action") {
+		case "signal":
+			ack, err = s.Coordinator.SignalRun(r.Context(), tenant, id, engine.Signal{ID: in.ID, Name: in.Name, Payload: in.Payload})
+		case "cancel":
+			ack, err = s.Coordinator.CancelRun(r.Context(), tenant, id, in.Reason)
+		case "rerun":
+			ack, err = s.Coordinator.RerunRun(r.Context(), tenant, id)
+		case "rerun-as-new":
+			var res engine.Started
+			if res, err = s.Coordinator.RerunAsNew(r.Context(), tenant, id); err == nil {
+				writeJSON(w, http.StatusOK, map[string]any{"run_id": res.RunID, "status": res.Status})
+				return
+			}
+		default:
+			writeErr(w, errs.E(errs.NotFound, "unknown action"))
+			return
+		}
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"ignored": ack.Ignored, "reason": ack.Reason, "status": ack.Status})
+	})
 	s.Mux.HandleFunc("GET /v1/dev/runs/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, err := uuid.Parse(r.PathValue("id"))
 		if err != nil {

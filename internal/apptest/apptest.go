@@ -66,7 +66,12 @@ func Config(env *testenv.Env) config.Config {
 // Start runs a system; mod adjusts its configuration first.
 func Start(t testing.TB, mod ...func(*config.Config)) *System {
 	t.Helper()
-	env := testenv.New(t)
+	return StartWith(t, testenv.New(t), mod...)
+}
+
+// StartWith runs a system on the given services (e.g. a private Redis).
+func StartWith(t testing.TB, env *testenv.Env, mod ...func(*config.Config)) *System {
+	t.Helper()
 	cfg := Config(env)
 	for _, m := range mod {
 		m(&cfg)

@@ -23,8 +23,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -331,4 +333,45 @@ func DeleteNamespace(ctx context.Context, rdb *redis.Client, ns string) {
 	if len(batch) > 0 {
 		rdb.Unlink(ctx, batch...)
 	}
+}
+
+// NewPrivateRedis starts a redis-server of the test's own on a free port
+// (no persistence) and returns an Env whose Redis fields point at it: for
+// tests that flush, restart or stop Redis without disturbing the others.
+func NewPrivateRedis(t testing.TB) *Env {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("testenv: redis-server not found (run scripts/services.sh): %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: find a free port: %v", err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("testenv: start redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	e := &Env{RedisURL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), Namespace: "composer-t-" + randomHex(6)}
+	e.Redis = redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
+	t.Cleanup(func() { e.Redis.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for e.Redis.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: private redis-server on port %d did not start", port)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return e
+}
+
+// WithPrivateRedis returns an Env with a fresh database and a private Redis.
+func WithPrivateRedis(t testing.TB) *Env {
+	t.Helper()
+	e := NewPrivateRedis(t)
+	e.newDatabase(t)
+	return e
 }

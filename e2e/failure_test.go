@@ -1,0 +1,293 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/workers"
+)
+
+func errCode(t *testing.T, raw json.RawMessage) string {
+	t.Helper()
+	var e struct {
+		Code    string          `json:"code"`
+		Details json.RawMessage `json:"details"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &e), "error document %s", raw)
+	if e.Code == "node_failed" && len(e.Details) > 0 {
+		return errCode(t, e.Details)
+	}
+	return e.Code
+}
+
+func TestRetriesBackOffUntilSuccess(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	var mu sync.Mutex
+	var starts []time.Time
+	h := &workers.Handlers{}
+	h.Register("flaky", func(ctx context.Context, tk workers.Task) (json.RawMessage, error) {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		if tk.Attempt < 3 {
+			return nil, workers.Retryable("upstream_down", "attempt %d failed", tk.Attempt)
+		}
+		return json.RawMessage(`{"ok": true}`), nil
+	})
+	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	wf := sys.Workflow(`{"nodes":[{"id":"f","type":"task","task":{"handler":"flaky"},
+		"retry":{"max_attempts":5,"backoff":"300ms","max_backoff":"10s","no_jitter":true}}]}`)
+	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+	require.Equal(t, "completed", run.Status)
+	assert.Equal(t, 3, tasks["f"].Attempt)
+	require.Len(t, starts, 3)
+	assert.GreaterOrEqual(t, starts[1].Sub(starts[0]), 300*time.Millisecond, "first retry waits its backoff")
+	assert.GreaterOrEqual(t, starts[2].Sub(starts[1]), 600*time.Millisecond, "the backoff doubles")
+}
+
+func TestNonRetryableFailureFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	var calls atomic.Int32
+	h := &workers.Handlers{}
+	h.Register("bad", func(context.Context, workers.Task) (json.RawMessage, error) {
+		calls.Add(1)
+		return nil, workers.Permanent("invalid_card", "the card was declined")
+	})
+	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	wf := sys.Workflow(`{"nodes":[{"id":"pay","type":"task","task":{"handler":"bad"},"retry":{"max_attempts":5}},
+		{"id":"after","type":"noop","depends_on":["pay"]}]}`)
+	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+	require.Equal(t, "failed", run.Status)
+	assert.Equal(t, "invalid_card", errCode(t, run.Error))
+	assert.EqualValues(t, 1, calls.Load())
+	assert.Equal(t, "failed", tasks["pay"].State)
+	_, created := tasks["after"]
+	assert.False(t, created, "nothing runs after a failure")
+}
+
+func TestExecutionTimeoutIsAFailedAttempt(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	h := &workers.Handlers{}
+	h.Register("hang", func(ctx context.Context, _ workers.Task) (json.RawMessage, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	wf := sys.Workflow(`{"nodes":[{"id":"h","type":"task","task":{"handler":"hang"},"timeout":"200ms","retry":{"max_attempts":2,"backoff":"10ms"}}]}`)
+	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+	require.Equal(t, "failed", run.Status)
+	assert.Equal(t, "execution_timeout", errCode(t, run.Error))
+	assert.Equal(t, 2, tasks["h"].Attempt, "each timed-out attempt was retried until none was left")
+}
+
+func TestScheduleToStartTimeout(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	sys.StartWorker(apptest.WorkerOptions{}) // serves "default" only
+	wf := sys.Workflow(`{"nodes":[{"id":"n","type":"noop","queue":"nobody-serves-this","schedule_to_start_timeout":"300ms",
+		"retry":{"max_attempts":2,"backoff":"10ms"}}]}`)
+	start := time.Now()
+	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+	require.Equal(t, "failed", run.Status)
+	assert.Equal(t, "schedule_to_start_timeout", errCode(t, run.Error))
+	assert.Equal(t, 2, tasks["n"].Attempt)
+	assert.GreaterOrEqual(t, time.Since(start), 600*time.Millisecond)
+}
+
+func TestRunTimeoutCancelsWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	sys.StartWorker(apptest.WorkerOptions{})
+	wf := sys.Workflow(`{"timeout":"500ms","nodes":[{"id":"quick","type":"noop"},{"id":"nap","type":"sleep","sleep":{"duration":"1h"}}]}`)
+	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+	require.Equal(t, "failed", run.Status)
+	assert.Equal(t, "run_timeout", errCode(t, run.Error))
+	assert.Equal(t, "cancelled", tasks["nap"].State)
+	assert.Equal(t, "completed", tasks["quick"].State, "finished work is kept")
+}
+
+func TestSleepAndApprovalResume(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	sys.StartWorker(apptest.WorkerOptions{})
+	wf := sys.Workflow(`{"nodes":[
+		{"id":"nap","type":"sleep","sleep":{"duration":"1s"}},
+		{"id":"ok","type":"wait","depends_on":["nap"],"wait":{"signal":"approval","approval":true,"timeout":"1h"}},
+		{"id":"ship","type":"noop","depends_on":["ok"],"input":{"by":"nodes.ok.output.by"}}]}`)
+	id := sys.StartRun(wf, `{}`)
+	start := time.Now()
+	// The approval may come before the wait is reached: it is kept for it.
+	ack, err := sys.Coordinator().SignalRun(context.Background(), sys.Tenant, id, engine.Signal{ID: "approval-1", Name: "approval",
+		Payload: json.RawMessage(`{"approved": true, "by": "grace"}`)})
+	require.NoError(t, err)
+	assert.False(t, ack.Ignored)
+	run, tasks := sys.WaitRun(id, 20*time.Second)
+	require.Equal(t, "completed", run.Status)
+	assert.GreaterOrEqual(t, time.Since(start), time.Second, "the sleep lasted its duration")
+	assert.JSONEq(t, `{"by": "grace"}`, string(tasks["ship"].Input))
+}
+
+func TestWaitTimesOut(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	wf := sys.Workflow(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go","timeout":"300ms"}}]}`)
+	run, _ := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+	require.Equal(t, "failed", run.Status)
+	assert.Equal(t, "wait_timeout", errCode(t, run.Error))
+}
+
+// TestRedisFlushedStillFinishes: messages in flight are lost when Redis
+// restarts without persistence; the lost-dispatch sweep re-dispatches them
+// and the workers re-create their consumer groups.
+func TestRedisFlushedStillFinishes(t *testing.T) {
+	t.Parallel()
+	env := testenv.WithPrivateRedis(t)
+	sys := apptest.StartWith(t, env, func(c *config.Config) { c.LostDispatchAge = time.Second })
+	wf := sys.Workflow(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","depends_on":["a"]},{"id":"c","type":"noop","depends_on":["b"]}]}`)
+	var runs []uuid.UUID
+	for i := 0; i < 20; i++ {
+		runs = append(runs, sys.StartRun(wf, `{}`))
+	}
+	ctx := context.Background()
+	apptest.Eventually(t, "the first steps to be published", 10*time.Second, func() bool {
+		var n int
+		require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+		return n == 0
+	})
+	require.NoError(t, env.Redis.FlushAll(ctx).Err(), "every message and consumer group is gone")
+	sys.StartWorker(apptest.WorkerOptions{})
+	for _, id := range runs {
+		run, _ := sys.WaitRun(id, 30*time.Second)
+		assert.Equal(t, "completed", run.Status)
+	}
+	var redispatched int
+	require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM run_events WHERE kind = 'redispatched'`).Scan(&redispatched))
+	assert.GreaterOrEqual(t, redispatched, 20, "the sweep re-dispatched the lost first steps")
+}
+
+func TestRerunFromFailedNodesKeepsFinishedWork(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	var prepared, flaky atomic.Int32
+	h := &workers.Handlers{}
+	h.Register("prepare", func(context.Context, workers.Task) (json.RawMessage, error) {
+		prepared.Add(1)
+		return json.RawMessage(`{"prepared": true}`), nil
+	})
+	h.Register("flaky", func(context.Context, workers.Task) (json.RawMessage, error) {
+		if flaky.Add(1) == 1 {
+			return nil, workers.Permanent("broken", "first time unlucky")
+		}
+		return json.RawMessage(`{"fixed": true}`), nil
+	})
+	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	wf := sys.Workflow(`{"nodes":[{"id":"p","type":"task","task":{"handler":"prepare"}},
+		{"id":"f","type":"task","depends_on":["p"],"task":{"handler":"flaky"}},
+		{"id":"z","type":"noop","depends_on":["f"],"input":{"p":"nodes.p.output"}}]}`)
+	id := sys.StartRun(wf, `{"order": 7}`)
+	run, before := sys.WaitRun(id, 20*time.Second)
+	require.Equal(t, "failed", run.Status)
+
+	ack, err := sys.Coordinator().RerunRun(context.Background(), sys.Tenant, id)
+	require.NoError(t, err)
+	require.False(t, ack.Ignored, ack.Reason)
+	run, after := sys.WaitRun(id, 20*time.Second)
+	require.Equal(t, "completed", run.Status)
+	assert.EqualValues(t, 1, prepared.Load(), "the finished node was not run again")
+	assert.Equal(t, before["p"].ID, after["p"].ID)
+	assert.NotEqual(t, before["f"].ID, after["f"].ID, "the failed node got a new task")
+	assert.JSONEq(t, `{"p": {"prepared": true}}`, string(after["z"].Input))
+
+	again, err := sys.Coordinator().RerunAsNew(context.Background(), sys.Tenant, id)
+	require.NoError(t, err)
+	run, _ = sys.WaitRun(again.RunID, 20*time.Second)
+	assert.Equal(t, "completed", run.Status)
+	assert.JSONEq(t, `{"order": 7}`, string(run.Input))
+	require.NotNil(t, run.RerunOf)
+	assert.Equal(t, id, *run.RerunOf)
+}
+
+// TestTimersSurviveTheProcessThatScheduledThem starts a run with a 2 s
+// sleep and an approval wait in a `composer dev` process, SIGKILLs that
+// process, and lets a fresh server finish the run.
+func TestTimersSurviveTheProcessThatScheduledThem(t *testing.T) {
+	t.Parallel()
+	bin := apptest.Binary(t)
+	env := testenv.New(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	base := "http://" + addr
+
+	cfg := apptest.Config(env)
+	cmd := exec.Command(bin, "dev")
+	cmd.Env = append((&apptest.System{Cfg: cfg, URL: base}).ProcessEnv(), "COMPOSER_HTTP_ADDR="+addr)
+	require.NoError(t, cmd.Start())
+	killed := false
+	defer func() {
+		if !killed {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
+	apptest.Eventually(t, "composer dev to serve", 30*time.Second, func() bool {
+		resp, err := http.Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	post := func(path, body string) map[string]any {
+		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var out map[string]any
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		require.Equal(t, 200, resp.StatusCode, "%s: %v", path, out)
+		return out
+	}
+	post("/v1/dev/workflows", `{"name":"timers","definition":{"nodes":[
+		{"id":"nap","type":"sleep","sleep":{"duration":"2s"}},
+		{"id":"ok","type":"wait","wait":{"signal":"approval","approval":true}},
+		{"id":"done","type":"noop","depends_on":["nap","ok"]}]}}`)
+	started := time.Now()
+	id := uuid.MustParse(post("/v1/dev/runs", `{"workflow":"timers"}`)["run_id"].(string))
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	killed = true
+
+	sys := apptest.StartWith(t, env)
+	sys.StartWorker(apptest.WorkerOptions{})
+	var demo uuid.UUID
+	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT id FROM tenants WHERE name = 'demo'`).Scan(&demo))
+	ack, err := sys.Coordinator().SignalRun(context.Background(), demo, id, engine.Signal{Name: "approval", Payload: json.RawMessage(`{"approved": true}`)})
+	require.NoError(t, err)
+	require.False(t, ack.Ignored, ack.Reason)
+	sys.Tenant = demo
+	run, tasks := sys.WaitRun(id, 30*time.Second)
+	require.Equal(t, "completed", run.Status)
+	require.NotNil(t, tasks["nap"].FinishedAt)
+	assert.GreaterOrEqual(t, tasks["nap"].FinishedAt.Sub(started), 2*time.Second-50*time.Millisecond, "the sleep kept its duration")
+}

@@ -1,0 +1,171 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	sm "github.com/composer-dev/composer/engine/statemachine"
+)
+
+func (f *fixture) lease(run uuid.UUID, node, owner string, ttl time.Duration) taskRow {
+	f.t.Helper()
+	tk := f.mustTask(run, node)
+	ls, err := f.c.AcquireLeases(context.Background(), f.tenant, owner, ttl, []LeaseRequest{{RunID: run, TaskID: tk.ID, Attempt: tk.Attempt}})
+	require.NoError(f.t, err)
+	require.True(f.t, ls[0].Acquired)
+	return tk
+}
+
+func TestLeasesAreExclusiveAndRenewable(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	run := f.start(f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`), `{"x": 1}`)
+	a := f.mustTask(run, "a")
+	req := []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 1}}
+
+	got, err := f.c.AcquireLeases(ctx, f.tenant, "w1", 5*time.Second, append(req, req[0]))
+	require.NoError(t, err)
+	assert.True(t, got[0].Acquired)
+	assert.False(t, got[1].Acquired, "a duplicate in the same batch gets no second lease")
+	assert.JSONEq(t, `{"x": 1}`, string(got[0].Input), "the lease carries the task's input")
+	again, err := f.c.AcquireLeases(ctx, f.tenant, "w2", 5*time.Second, req)
+	require.NoError(t, err)
+	assert.False(t, again[0].Acquired, "a leased task cannot be leased again")
+	stale, err := f.c.AcquireLeases(ctx, f.tenant, "w2", 5*time.Second, []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 2}})
+	require.NoError(t, err)
+	assert.False(t, stale[0].Acquired)
+
+	ren, err := f.c.RenewLeases(ctx, f.tenant, "w1", 5*time.Second, req)
+	require.NoError(t, err)
+	assert.True(t, ren[0].Held)
+	assert.True(t, ren[0].ExpiresAt.After(got[0].ExpiresAt.Add(-time.Second)))
+	ren, err = f.c.RenewLeases(ctx, f.tenant, "w2", 5*time.Second, req)
+	require.NoError(t, err)
+	assert.False(t, ren[0].Held, "only the holder renews")
+
+	_, err = f.c.CancelRun(ctx, f.tenant, run, "")
+	require.NoError(t, err)
+	ren, err = f.c.RenewLeases(ctx, f.tenant, "w1", 5*time.Second, req)
+	require.NoError(t, err)
+	assert.False(t, ren[0].Held, "a cancelled run's lease answers lost")
+
+	_, err = f.c.AcquireLeases(ctx, f.tenant, "", time.Second, req)
+	assert.Error(t, err)
+	_, err = f.c.AcquireLeases(ctx, f.tenant, "w", time.Hour, req)
+	assert.Error(t, err, "TTL is bounded")
+}
+
+func TestSweepRequeuesExpiredLeasesAsNewAttempts(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	sw := NewSweeper(f.c, f.db, SweeperConfig{}, nil)
+	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop","retry":{"max_attempts":2}}]}`)
+	run := f.start(wf, `{}`)
+	f.lease(run, "a", "w1", time.Second)
+	_, err := f.env.System.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	_, err = f.env.System.Exec(ctx, `DELETE FROM outbox`)
+	require.NoError(t, err)
+
+	st, err := sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, st.Requeued)
+	a := f.mustTask(run, "a")
+	assert.Equal(t, "pending", a.State)
+	assert.Equal(t, 2, a.Attempt, "the expired attempt is fenced off by a new attempt number")
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1 AND attempt = 2`, a.ID), "and dispatched in the same statement")
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM run_events WHERE kind = 'lease_expired'`))
+
+	// The old holder's report no longer applies.
+	ack, err := f.c.CompleteTask(ctx, f.tenant, Report{RunID: run, TaskID: a.ID, NodeID: "a", Attempt: 1, LeaseOwner: "w1"})
+	require.NoError(t, err)
+	assert.True(t, ack.Ignored)
+
+	// On the last attempt, an expired lease fails the node (and the run).
+	f.lease(run, "a", "w2", time.Second)
+	_, err = f.env.System.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	st, err = sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.Failed)
+	assert.Equal(t, sm.RunFailed, f.runStatus(run))
+	var code string
+	require.NoError(t, f.env.System.QueryRow(ctx, `SELECT last_error->>'code' FROM task_instances WHERE id = $1`, a.ID).Scan(&code))
+	assert.Equal(t, "lease_expired", code)
+}
+
+func TestSweepRedispatchesLostMessagesOnly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	sw := NewSweeper(f.c, f.db, SweeperConfig{LostDispatchAge: time.Minute}, nil)
+	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`)
+	lost, slow := f.start(wf, `{}`), f.start(wf, `{}`)
+	// Both dispatches are old; only the first run's message is gone.
+	_, err := f.env.System.Exec(ctx, `UPDATE task_instances SET dispatch_at = now() - interval '2 minutes', updated_at = now() - interval '2 minutes'`)
+	require.NoError(t, err)
+	_, err = f.env.System.Exec(ctx, `DELETE FROM outbox WHERE run_id = $1`, lost)
+	require.NoError(t, err)
+
+	st, err := sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, st.Redispatched)
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM outbox WHERE run_id = $1`, lost))
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM outbox WHERE run_id = $1`, slow), "a task whose message still waits is left alone")
+
+	st, err = sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.Redispatched, "a fresh dispatch is not swept again")
+}
+
+func TestTimersFireOnceAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"nap","type":"sleep","sleep":{"duration":"1s"}},{"id":"next","type":"noop","depends_on":["nap"]}]}`)
+	var runs []uuid.UUID
+	for i := 0; i < 20; i++ {
+		runs = append(runs, f.start(wf, `{}`))
+	}
+	_, err := f.env.System.Exec(ctx, `UPDATE timers SET fire_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	// Three replicas fire due timers at once.
+	errs := make(chan error, 3)
+	for i := 0; i < 3; i++ {
+		sw := NewSweeper(f.c, f.db, SweeperConfig{}, nil)
+		go func() { _, err := sw.FireDueTimers(ctx); errs <- err }()
+	}
+	for i := 0; i < 3; i++ {
+		require.NoError(t, <-errs)
+	}
+	for _, r := range runs {
+		assert.Equal(t, "completed", f.mustTask(r, "nap").State)
+		assert.Equal(t, 1, f.count(`SELECT count(*) FROM task_instances WHERE run_id = $1 AND node_id = 'next'`, r))
+		assert.Equal(t, 1, f.count(`SELECT count(*) FROM run_events WHERE run_id = $1 AND kind = 'timer_fired'`, r), "each timer applied once")
+	}
+	assert.Zero(t, f.count(`SELECT count(*) FROM timers`))
+}
+
+func TestMaintenanceDropsWholeOldMonths(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	owner := f.env.Owner(t)
+	for _, tbl := range []string{"workflow_runs", "task_instances", "run_signals", "run_events"} {
+		var ddl string
+		require.NoError(t, owner.QueryRow(ctx, `SELECT format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)', $1::text || '_201901', $1::text,
+			composer_uuid_floor('2019-01-01Z'), composer_uuid_floor('2019-02-01Z'))`, tbl).Scan(&ddl))
+		_, err := owner.Exec(ctx, ddl)
+		require.NoError(t, err)
+	}
+	require.NoError(t, NewSweeper(f.c, f.db, SweeperConfig{RetentionMonths: 3}, nil).Maintain(ctx))
+	assert.Zero(t, f.count(`SELECT count(*) FROM pg_class WHERE relname LIKE '%\_201901'`))
+	assert.Positive(t, f.count(`SELECT count(*) FROM pg_class WHERE relname LIKE 'workflow_runs\_%'`), "current months stay")
+}
