@@ -24,9 +24,10 @@ run: services build
 test: services lint
 	RAPID_CHECKS=1000 $(GO) test -race -count=1 -timeout 25m $(PKGS)
 
-## bench: the benchmarks (see docs/benchmarks.md)
+## bench: the benchmarks (see docs/benchmarks.md): end to end, then the pure core
 bench: services build
-	./$(BIN) bench
+	./$(BIN) bench -out bench-results.json
+	$(GO) test -run '^$$' -bench . -benchmem ./engine/statemachine ./engine/dag
 
 ## migrate: apply the migrations to the configured database
 migrate: services build

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/engine/outbox"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
@@ -30,6 +31,10 @@ type Options struct {
 	// Wake, when set, is called after a commit that added outbox rows, so an
 	// enqueuer in the same process publishes at once.
 	Wake func()
+	// PublishNow, when set, publishes a commit's immediate dispatches right
+	// after the commit (the outbox fast path, see engine/outbox); their rows
+	// are inserted due only after outbox.FastPathGrace, as a safety net.
+	PublishNow func(context.Context, []outbox.Fresh)
 	// WakeTimers, when set, is called after a commit that scheduled a
 	// timer, so the timer loop in the same process re-reads the next due time.
 	WakeTimers func()
@@ -40,9 +45,11 @@ type Options struct {
 
 // Transition describes a committed transition, for after-commit observers.
 type Transition struct {
-	Tenant   uuid.UUID
-	RunID    uuid.UUID
-	Event    string
+	Tenant uuid.UUID
+	RunID  uuid.UUID
+	Event  string
+	// Node is the node the event was about ("" for run-level events).
+	Node     string
 	Status   sm.RunStatus
 	Terminal bool // the transition ended the run
 }
@@ -173,7 +180,7 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 			return err
 		}
 		out = Started{RunID: runID, Created: true, Status: tr.Status}
-		c.afterCommit(tx, runID, sm.RunStarted{}, tr, p.dispatched)
+		c.afterCommit(ctx, tx, runID, sm.RunStarted{}, tr, p, eventRef{})
 		return nil
 	})
 	if err != nil {
@@ -405,6 +412,11 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 		if err != nil {
 			return err
 		}
+		if def.wf.HasWaits() {
+			if run.Signals, err = loadSignals(ctx, tx, runID); err != nil {
+				return err
+			}
+		}
 		ev, err := prepare(ctx, tx, run)
 		var ig ignoredError
 		if errors.As(err, &ig) {
@@ -436,7 +448,7 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 			return err
 		}
 		ack = Ack{Status: tr.Status}
-		c.afterCommit(tx, runID, ev, tr, p.dispatched)
+		c.afterCommit(ctx, tx, runID, ev, tr, p, ref)
 		return nil
 	})
 	var ig ignoredError
@@ -452,7 +464,8 @@ type runRow struct {
 	now        time.Time
 }
 
-// loadRun locks the run row and reads the run's state in one round trip.
+// loadRun locks the run row and reads its tasks in one round trip (with the
+// transaction's BEGIN and tenant setting).
 // The lock is an UPDATE (FOR NO KEY UPDATE), which serialises events of one
 // run without blocking the foreign-key checks of task and event inserts.
 func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.Run, error) {
@@ -483,19 +496,6 @@ func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.
 			}
 			return rows.Err()
 		})
-	b.Queue(`SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL ORDER BY created_at, id`, tx.Tenant, runID).
-		Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var s sm.Signal
-				var p []byte
-				if err := rows.Scan(&s.ID, &s.Name, &p); err != nil {
-					return err
-				}
-				s.Payload = p
-				run.Signals = append(run.Signals, s)
-			}
-			return rows.Err()
-		})
 	err := tx.SendBatch(ctx, b).Close()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return runRow{}, nil, errs.E(errs.NotFound, "run %s not found", runID)
@@ -507,10 +507,35 @@ func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.
 	return row, run, nil
 }
 
+// loadSignals reads the run's signals no wait node has consumed yet.
+func loadSignals(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) ([]sm.Signal, error) {
+	rows, err := tx.Query(ctx, `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
+		ORDER BY created_at, id`, tx.Tenant, runID)
+	if err != nil {
+		return nil, fmt.Errorf("load signals: %w", err)
+	}
+	var out []sm.Signal
+	var s sm.Signal
+	var p []byte
+	_, err = pgx.ForEachRow(rows, []any{&s.ID, &s.Name, &p}, func() error {
+		s.Payload = append(json.RawMessage(nil), p...)
+		out = append(out, s)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load signals: %w", err)
+	}
+	return out, nil
+}
+
 // afterCommit registers what happens once the transition is durable.
-func (c *Coordinator) afterCommit(tx *tenants.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, dispatched bool) {
+func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, p *persister, ref eventRef) {
 	tenant := tx.Tenant
+	dispatched, fresh := p.dispatched, p.fresh
 	tx.AfterCommit(func() {
+		if len(fresh) > 0 {
+			c.opts.PublishNow(context.WithoutCancel(ctx), fresh)
+		}
 		terminal, timers := false, false
 		for _, a := range tr.Actions {
 			switch a.(type) {
@@ -532,7 +557,7 @@ func (c *Coordinator) afterCommit(tx *tenants.Tx, runID uuid.UUID, ev sm.Event, 
 			ce.Write(zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("event", sm.Kind(ev)), zap.Int("actions", len(tr.Actions)))
 		}
 		if c.opts.OnTransition != nil {
-			c.opts.OnTransition(Transition{Tenant: tenant, RunID: runID, Event: sm.Kind(ev), Status: tr.Status, Terminal: terminal})
+			c.opts.OnTransition(Transition{Tenant: tenant, RunID: runID, Event: sm.Kind(ev), Node: eventNode(ev, ref), Status: tr.Status, Terminal: terminal})
 		}
 	})
 }

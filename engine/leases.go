@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
 )
 
 // LeaseRequest names one attempt of one task a worker wants to run.
@@ -51,13 +50,6 @@ func checkLease(owner string, ttl time.Duration, n int) error {
 	return nil
 }
 
-func unzip(reqs []LeaseRequest) (runs, tasks []uuid.UUID, attempts []int32) {
-	for _, r := range reqs {
-		runs, tasks, attempts = append(runs, r.RunID), append(tasks, r.TaskID), append(attempts, int32(r.Attempt))
-	}
-	return
-}
-
 // AcquireLeases leases pending tasks of running runs to owner, in one
 // conditional UPDATE on the database clock: a task already leased or
 // finished, a stale attempt, or a run that is no longer running is not
@@ -73,32 +65,36 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		out[i] = Lease{TaskID: r.TaskID}
 		idx[r.TaskID] = append(idx[r.TaskID], i)
 	}
-	runs, tasks, attempts := unzip(reqs)
-	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE task_instances t
-			   SET state = 'running', lease_owner = $2, lease_expires_at = now() + make_interval(secs => $3),
+	// One primary-key UPDATE per request, all in one implicit transaction
+	// and one round trip. (A single UPDATE ... FROM unnest(...) is planned,
+	// as a generic plan, as a join over every pending task of the tenant.)
+	b := &pgx.Batch{}
+	for i, r := range reqs {
+		b.Queue(`UPDATE task_instances t
+			   SET state = 'running', lease_owner = $5, lease_expires_at = now() + make_interval(secs => $6),
 			       started_at = now(), updated_at = now()
-			  FROM unnest($4::uuid[], $5::uuid[], $6::int[]) AS req(run_id, id, attempt), workflow_runs r
-			 WHERE t.tenant_id = $1 AND t.run_id = req.run_id AND t.id = req.id AND t.attempt = req.attempt
-			   AND t.state = 'pending'
-			   AND r.tenant_id = $1 AND r.id = t.run_id AND r.status = 'running'
-			RETURNING t.id, t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, r.workflow_id, r.workflow_version, t.max_attempts`,
-			tenant, owner, ttl.Seconds(), runs, tasks, attempts)
-		if err != nil {
-			return fmt.Errorf("acquire leases: %w", err)
-		}
-		var l Lease
-		var input, config []byte
-		_, err = pgx.ForEachRow(rows, []any{&l.TaskID, &l.ExpiresAt, &l.NodeID, &l.NodeType, &input, &config, &l.WorkflowID, &l.WorkflowVersion, &l.MaxAttempts},
-			func() error {
-				l.Acquired, l.Input, l.Config = true, append(json.RawMessage(nil), input...), append(json.RawMessage(nil), config...)
-				if i := idx[l.TaskID]; len(i) > 0 {
-					out[i[0]] = l // a duplicate request in the batch gets one lease, not two
-				}
-				return nil
-			})
-		return err
-	})
+			  FROM workflow_runs r
+			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'pending'
+			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`,
+			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+			l := Lease{TaskID: r.TaskID}
+			var input, config []byte
+			_, err := pgx.ForEachRow(rows, []any{&l.ExpiresAt, &l.NodeID, &l.NodeType, &input, &config, &l.MaxAttempts, &l.WorkflowID, &l.WorkflowVersion},
+				func() error {
+					l.Acquired, l.Input, l.Config = true, append(json.RawMessage(nil), input...), append(json.RawMessage(nil), config...)
+					if first := idx[r.TaskID][0]; first == i {
+						out[i] = l // a duplicate request in the batch gets no second lease
+					}
+					return nil
+				})
+			return err
+		})
+	}
+	err := c.db.Pipeline(ctx, tenant, b)
+	if err != nil {
+		err = fmt.Errorf("acquire leases: %w", err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -120,29 +116,26 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 		return nil, err
 	}
 	out := make([]Renewal, len(reqs))
-	idx := map[uuid.UUID]int{}
 	for i, r := range reqs {
 		out[i] = Renewal{TaskID: r.TaskID}
-		idx[r.TaskID] = i
 	}
-	runs, tasks, attempts := unzip(reqs)
-	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
-		rows, err := tx.Query(ctx, `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $3)
-			  FROM unnest($4::uuid[], $5::uuid[], $6::int[]) AS req(run_id, id, attempt)
-			 WHERE t.tenant_id = $1 AND t.run_id = req.run_id AND t.id = req.id AND t.attempt = req.attempt
-			   AND t.state = 'running' AND t.lease_owner = $2
-			RETURNING t.id, t.lease_expires_at`, tenant, owner, ttl.Seconds(), runs, tasks, attempts)
-		if err != nil {
-			return fmt.Errorf("renew leases: %w", err)
-		}
-		var id uuid.UUID
-		var exp time.Time
-		_, err = pgx.ForEachRow(rows, []any{&id, &exp}, func() error {
-			out[idx[id]] = Renewal{TaskID: id, Held: true, ExpiresAt: exp}
-			return nil
+	b := &pgx.Batch{}
+	for i, r := range reqs {
+		b.Queue(`UPDATE task_instances SET lease_expires_at = now() + make_interval(secs => $6)
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
+			RETURNING lease_expires_at`, tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+			var exp time.Time
+			_, err := pgx.ForEachRow(rows, []any{&exp}, func() error {
+				out[i] = Renewal{TaskID: r.TaskID, Held: true, ExpiresAt: exp}
+				return nil
+			})
+			return err
 		})
-		return err
-	})
+	}
+	err := c.db.Pipeline(ctx, tenant, b)
+	if err != nil {
+		err = fmt.Errorf("renew leases: %w", err)
+	}
 	if err != nil {
 		return nil, err
 	}

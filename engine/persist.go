@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/composer-dev/composer/engine/outbox"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -28,6 +30,8 @@ type persister struct {
 	tasks       map[string]taskRef // node -> the task as the actions leave it
 	traceparent string
 	dispatched  bool
+	// fresh are immediate dispatches this process publishes after commit.
+	fresh []outbox.Fresh
 
 	b pgx.Batch
 }
@@ -39,14 +43,21 @@ type taskRef struct {
 
 const activeStates = `('pending', 'running', 'waiting')`
 
-// guarded queues a statement that must change exactly one row.
+// guarded queues a statement that must change exactly one row. The check
+// runs in the database (composer_guard raises CM409), so a failed guard
+// aborts the pipeline before its COMMIT.
 func (p *persister) guarded(what string, sql string, args ...any) {
-	p.b.Queue(sql, args...).Exec(func(ct pgconn.CommandTag) error {
-		if ct.RowsAffected() != 1 {
-			return ignored("%s matched no row: the task changed concurrently", what)
-		}
-		return nil
-	})
+	args = append(args, what)
+	p.b.Queue(fmt.Sprintf(`WITH g AS (%s RETURNING 1) SELECT composer_guard(count(*), $%d) FROM g`, sql, len(args)), args...)
+}
+
+// guardFailed turns a failed guard into an ignored event.
+func guardFailed(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "CM409" {
+		return ignoredError{pg.Message}
+	}
+	return err
 }
 
 func (p *persister) exec(sql string, args ...any) { p.b.Queue(sql, args...) }
@@ -175,7 +186,11 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 	}
 	p.exec(`INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`,
 		tenant, p.runID, sm.Kind(ev), eventNode(ev, ref), task, attempt, detail)
-	if err := p.tx.SendBatch(ctx, &p.b).Close(); err != nil {
+	// The transition and its COMMIT travel in one round trip.
+	if err := p.tx.CommitWith(ctx, &p.b); err != nil {
+		if err = guardFailed(err); errors.As(err, new(ignoredError)) {
+			return err
+		}
 		return fmt.Errorf("persist transition: %w", err)
 	}
 	return nil
@@ -184,10 +199,21 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 	n := p.def.wf.Node(node)
 	t := p.task(node)
-	p.exec(`INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt, traceparent, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9)`,
-		p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), attempt, p.traceparent, notBefore)
 	p.dispatched = true
+	const insert = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt, traceparent, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9)`
+	if p.c.opts.PublishNow == nil || notBefore.After(p.now) {
+		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), attempt, p.traceparent, notBefore)
+		return
+	}
+	// The fast path: published by this process after commit; due for
+	// everyone else only if that never happens.
+	f := outbox.Fresh{Tenant: p.tx.Tenant, Queue: n.QueueName(), Run: p.runID, Task: t.id, Node: node, Type: string(n.Type),
+		Attempt: attempt, TraceParent: p.traceparent}
+	i := len(p.fresh)
+	p.fresh = append(p.fresh, f)
+	p.b.Queue(insert+` RETURNING id`, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), attempt, p.traceparent,
+		notBefore.Add(outbox.FastPathGrace)).QueryRow(func(r pgx.Row) error { return r.Scan(&p.fresh[i].ID) })
 }
 
 // finishRun writes the run's terminal state once (the status guard) and

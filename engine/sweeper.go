@@ -345,6 +345,20 @@ func (s *Sweeper) Maintain(ctx context.Context) error {
 		if err := s.db.System.QueryRow(ctx, `SELECT composer_drop_partitions($1)`, s.cfg.RetentionMonths).Scan(&dropped); err != nil {
 			return fmt.Errorf("drop partitions: %w", err)
 		}
+		// Idempotency keys live outside the partitions; they go with the
+		// runs they named, in bounded batches.
+		for {
+			tag, err := s.db.System.Exec(ctx, `DELETE FROM run_idempotency_keys WHERE (tenant_id, key) IN (
+				SELECT tenant_id, key FROM run_idempotency_keys
+				 WHERE created_at < date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => $1)
+				 LIMIT 10000)`, s.cfg.RetentionMonths)
+			if err != nil {
+				return fmt.Errorf("expire idempotency keys: %w", err)
+			}
+			if tag.RowsAffected() < 10000 {
+				break
+			}
+		}
 	}
 	if made+dropped > 0 {
 		s.log.Info("partitions maintained", zap.Int("created", made), zap.Int("dropped", dropped))

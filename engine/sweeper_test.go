@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sm "github.com/composer-dev/composer/engine/statemachine"
+	"github.com/composer-dev/composer/tenants"
 )
 
 func (f *fixture) lease(run uuid.UUID, node, owner string, ttl time.Duration) taskRow {
@@ -165,7 +166,22 @@ func TestMaintenanceDropsWholeOldMonths(t *testing.T) {
 		_, err := owner.Exec(ctx, ddl)
 		require.NoError(t, err)
 	}
+	// An old idempotency key and a fresh one.
+	require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash, created_at)
+			VALUES ($1, 'old', $2, '\x00', '2019-01-15Z'), ($1, 'new', $2, '\x00', now())`, f.tenant, uuid.New())
+		return err
+	}))
 	require.NoError(t, NewSweeper(f.c, f.db, SweeperConfig{RetentionMonths: 3}, nil).Maintain(ctx))
 	assert.Zero(t, f.count(`SELECT count(*) FROM pg_class WHERE relname LIKE '%\_201901'`))
+	var keys []string
+	rows, err := f.env.System.Query(ctx, `SELECT key FROM run_idempotency_keys`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		keys = append(keys, k)
+	}
+	assert.Equal(t, []string{"new"}, keys, "keys older than the retention window are gone")
 	assert.Positive(t, f.count(`SELECT count(*) FROM pg_class WHERE relname LIKE 'workflow_runs\_%'`), "current months stay")
 }

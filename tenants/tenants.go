@@ -33,19 +33,172 @@ type DB struct {
 	App *pgxpool.Pool
 	// System connects as composer_system (BYPASSRLS).
 	System *pgxpool.Pool
+	// LocalOutbox marks this process's transactions as having an outbox
+	// enqueuer in the same process that is woken after commit, so the
+	// outbox trigger need not NOTIFY for them.
+	LocalOutbox bool
 }
 
 // Tx is a transaction plus side effects (metrics, logs, wake-ups) that must
 // happen only if it commits.
+//
+// The transaction opens lazily: BEGIN and the tenant's set_config travel in
+// the same round trip as the first statement, so a short transaction costs
+// one round trip for its work plus one for COMMIT. Results of Exec, Query,
+// QueryRow and SendBatch are exactly those of the caller's statements.
 type Tx struct {
-	pgx.Tx
 	// Tenant is the transaction's tenant; uuid.Nil in a system transaction.
 	Tenant      uuid.UUID
+	localOutbox bool
+	conn        *pgxpool.Conn
+	begun       bool
+	committed   bool
+	failed      bool
 	afterCommit []func()
 }
 
 // AfterCommit registers fn to run after a successful commit, in order.
 func (t *Tx) AfterCommit(fn func()) { t.afterCommit = append(t.afterCommit, fn) }
+
+const (
+	setTenantSQL      = "SELECT set_config('app.tenant_id', $1, true)"
+	setTenantLocalSQL = "SELECT set_config('app.tenant_id', $1, true), set_config('composer.local_outbox', 'on', true)"
+)
+
+// prelude returns the statements that open the transaction, once.
+func (t *Tx) prelude() []*pgx.QueuedQuery {
+	if t.begun {
+		return nil
+	}
+	t.begun = true
+	q := []*pgx.QueuedQuery{{SQL: "BEGIN"}}
+	if t.Tenant != uuid.Nil {
+		sql := setTenantSQL
+		if t.localOutbox {
+			sql = setTenantLocalSQL
+		}
+		q = append(q, &pgx.QueuedQuery{SQL: sql, Arguments: []any{t.Tenant.String()}})
+	}
+	return q
+}
+
+// send runs b after the prelude (if still due) and returns its results
+// positioned at the caller's first statement.
+func (t *Tx) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	pre := t.prelude()
+	if len(pre) == 0 {
+		return t.conn.SendBatch(ctx, b)
+	}
+	all := &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)}
+	br := t.conn.SendBatch(ctx, all)
+	for range pre {
+		if _, err := br.Exec(); err != nil {
+			t.failed = true
+			_ = br.Close()
+			return failedBatch{err: fmt.Errorf("open transaction: %w", err)}
+		}
+	}
+	return br
+}
+
+// CommitWith sends b followed by COMMIT in one round trip. If any statement
+// of b fails, the pipeline stops before the COMMIT and the transaction is
+// rolled back. Results are read through b's queued callbacks.
+func (t *Tx) CommitWith(ctx context.Context, b *pgx.Batch) error {
+	b.Queue("COMMIT")
+	if err := t.send(ctx, b).Close(); err != nil {
+		return err
+	}
+	if st := t.conn.Conn().PgConn().TxStatus(); st != 'I' {
+		return fmt.Errorf("commit: transaction still open (status %q)", st)
+	}
+	t.committed = true
+	return nil
+}
+
+// SendBatch sends a pipelined batch; read its results through the queued
+// callbacks or in order, then Close.
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults { return t.send(ctx, b) }
+
+// Exec runs one statement.
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.begun {
+		return t.conn.Exec(ctx, sql, args...)
+	}
+	br := t.send(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sql, Arguments: args}}})
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query runs one query; close the rows when done.
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.begun {
+		return t.conn.Query(ctx, sql, args...)
+	}
+	br := t.send(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sql, Arguments: args}}})
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow runs a query expected to return at most one row.
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.begun {
+		return t.conn.QueryRow(ctx, sql, args...)
+	}
+	rows, err := t.Query(ctx, sql, args...)
+	if err != nil {
+		return errRow{err}
+	}
+	return rowOf{rows}
+}
+
+// batchRows closes the batch that carried the prelude with the rows.
+type batchRows struct {
+	pgx.Rows
+	br pgx.BatchResults
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	_ = r.br.Close()
+}
+
+// rowOf gives QueryRow semantics over rows (pgx's own adapter is private).
+type rowOf struct{ rows pgx.Rows }
+
+func (r rowOf) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+type failedBatch struct{ err error }
+
+func (b failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b failedBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b failedBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b failedBatch) Close() error                     { return b.err }
+func (b failedBatch) Tx() pgx.Tx                       { return nil }
 
 // maxAttempts bounds retries of transactions that lost a deadlock or a
 // serialization conflict; those are safe to retry from the start.
@@ -59,18 +212,18 @@ func (db *DB) WithTenant(ctx context.Context, tenant uuid.UUID, fn func(ctx cont
 	if tenant == uuid.Nil {
 		return errs.E(errs.Unauthenticated, "no tenant")
 	}
-	return run(ctx, db.App, tenant, fn)
+	return run(ctx, db.App, tenant, db.LocalOutbox, fn)
 }
 
 // WithSystem runs fn in a transaction as composer_system. Only the
 // cross-tenant background loops may use it.
 func (db *DB) WithSystem(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
-	return run(ctx, db.System, uuid.Nil, fn)
+	return run(ctx, db.System, uuid.Nil, false, fn)
 }
 
-func run(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, fn func(ctx context.Context, tx *Tx) error) error {
+func run(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox bool, fn func(ctx context.Context, tx *Tx) error) error {
 	for attempt := 1; ; attempt++ {
-		err := once(ctx, pool, tenant, fn)
+		err := once(ctx, pool, tenant, localOutbox, fn)
 		if err == nil || attempt == maxAttempts || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
@@ -78,33 +231,57 @@ func run(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, fn func(ctx 
 	}
 }
 
-func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, fn func(ctx context.Context, tx *Tx) error) error {
-	ptx, err := pool.Begin(ctx)
+func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox bool, fn func(ctx context.Context, tx *Tx) error) (err error) {
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return fmt.Errorf("acquire connection: %w", err)
 	}
-	defer ptx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if tenant != uuid.Nil {
-		if _, err := ptx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tenant.String()); err != nil {
-			return fmt.Errorf("set tenant: %w", err)
+	tx := &Tx{Tenant: tenant, localOutbox: localOutbox, conn: conn}
+	defer func() {
+		if tx.begun && !tx.committed && err != nil {
+			// A connection left in a transaction is destroyed by the pool
+			// on release, so a failed rollback cannot leak the tenant.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
-	}
-	tx := &Tx{Tx: ptx, Tenant: tenant}
+		conn.Release()
+	}()
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	if err := ptx.Commit(ctx); err != nil {
+	if !tx.begun || tx.committed {
+		return runHooks(tx) // nothing was sent, or fn committed with its last batch
+	}
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		return fmt.Errorf("commit: transaction still open (status %q)", st)
+	}
+	return runHooks(tx)
+}
+
+func retryable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01")
+}
+
+func runHooks(tx *Tx) error {
 	for _, f := range tx.afterCommit {
 		f()
 	}
 	return nil
 }
 
-func retryable(err error) bool {
-	var pg *pgconn.PgError
-	return errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01")
+// Pipeline runs b as one implicit transaction scoped to tenant, in one
+// round trip: set_config and b's statements share a single Sync, so they
+// commit together or not at all. For short write paths (leases) that need
+// no decision between statements.
+func (db *DB) Pipeline(ctx context.Context, tenant uuid.UUID, b *pgx.Batch) error {
+	if tenant == uuid.Nil {
+		return errs.E(errs.Unauthenticated, "no tenant")
+	}
+	all := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: setTenantSQL, Arguments: []any{tenant.String()}}}, b.QueuedQueries...)}
+	return db.App.SendBatch(ctx, all).Close()
 }
 
 // Tenant is a customer of the service.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,9 +20,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
 
@@ -371,4 +374,31 @@ func TestLeaseLostCancelsTheExecution(t *testing.T) {
 	got, tasks := sys.Run(run)
 	assert.Equal(t, "cancelled", got.Status)
 	assert.Equal(t, "cancelled", tasks["l"].State)
+}
+
+// TestOneSlotReadsEveryShard: with fewer free slots than shards, a read
+// must go on to the other shards before concluding there is nothing to do
+// (here idling would mean waiting an hour).
+func TestOneSlotReadsEveryShard(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	ctx := context.Background()
+	tn, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "eight-shards", StreamShards: 8})
+	require.NoError(t, err)
+	sys.StartWorker(apptest.WorkerOptions{Config: func(c *workers.Config) { c.Concurrency, c.IdlePoll = 1, time.Hour }})
+	var nodes []string
+	for i := 0; i < 10; i++ {
+		dep := ""
+		if i > 0 {
+			dep = fmt.Sprintf(`,"depends_on":["n%d"]`, i-1)
+		}
+		nodes = append(nodes, fmt.Sprintf(`{"id":"n%d","type":"noop"%s}`, i, dep))
+	}
+	w, _, err := sys.Coordinator().CreateWorkflow(ctx, tn.ID, "chain", "", []byte(`{"nodes":[`+strings.Join(nodes, ",")+`]}`))
+	require.NoError(t, err)
+	res, err := sys.Coordinator().StartRun(ctx, tn.ID, engine.StartRun{WorkflowID: w.ID})
+	require.NoError(t, err)
+	sys.Tenant = tn.ID
+	run, _ := sys.WaitRun(res.RunID, 15*time.Second)
+	assert.Equal(t, "completed", run.Status)
 }

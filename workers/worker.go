@@ -352,7 +352,11 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 			}
 			got += len(msgs)
 			if len(msgs) > 0 {
-				w.dispatch(execCtx, msgs)
+				// The slots are already taken for these messages, so leasing
+				// them off the read loop keeps the hand-off bounded while the
+				// loop reads on.
+				w.running.Add(1)
+				go func() { defer w.running.Done(); w.dispatch(execCtx, msgs) }()
 			}
 		}
 		next++
@@ -378,58 +382,96 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 	}
 }
 
-// read fetches up to n new messages from a tenant's shards in one pipelined
-// round trip, spreading n over the shards so that no more than n arrive.
+// read fetches up to n new messages from a tenant's shards. Each round is
+// one pipelined round trip of XREADGROUPs with n spread over the shards not
+// yet known to be empty, so no more than n messages ever arrive; a shard
+// that returns less than it was asked for is empty. It stops when n
+// messages arrived or every shard is empty.
 func (w *Worker) read(ctx context.Context, queue string, t tenantShards, n int) []stream.Message {
 	keys := w.names.Streams(t.tenant, queue, t.shards)
-	start := int(time.Now().UnixNano() % int64(len(keys))) // rotate which shard gets the remainder
-	pipe := w.rdb.Pipeline()
-	var cmds []*redis.XStreamSliceCmd
-	var cmdKeys []string
-	for i := range keys {
-		count := n / len(keys)
-		if (i-start+len(keys))%len(keys) < n%len(keys) {
-			count++
-		}
-		if count == 0 {
-			continue
-		}
-		key := keys[i]
-		cmds = append(cmds, pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.Group, Consumer: w.cfg.WorkerID,
-			Streams: []string{key, ">"}, Count: int64(count), Block: -1}))
-		cmdKeys = append(cmdKeys, key)
+	open := make([]int, len(keys))
+	for i := range open {
+		open[i] = i
 	}
-	_, _ = pipe.Exec(ctx)
+	// Rotate which shards come first, so none is favoured.
+	rot := int(time.Now().UnixNano() % int64(len(keys)))
+	open = append(open[rot:], open[:rot]...)
 	var out []stream.Message
-	for i, c := range cmds {
-		res, err := c.Result()
-		switch {
-		case err == redis.Nil:
-			continue
-		case stream.IsNoGroup(err):
-			if err := stream.EnsureGroup(ctx, w.rdb, cmdKeys[i]); err != nil {
-				w.log.Warn("creating consumer group failed", zap.String("stream", cmdKeys[i]), zap.Error(err))
-			}
-			continue
-		case err != nil:
-			if ctx.Err() == nil {
-				w.log.Warn("reading stream failed", zap.String("stream", cmdKeys[i]), zap.Error(err))
-			}
-			continue
+	for len(out) < n && len(open) > 0 && ctx.Err() == nil {
+		want := n - len(out)
+		pipe := w.rdb.Pipeline()
+		type ask struct {
+			shard int
+			count int
+			cmd   *redis.XStreamSliceCmd
 		}
-		for _, s := range res {
-			for _, x := range s.Messages {
-				m, err := stream.Parse(s.Stream, x)
-				if err != nil {
-					w.deadLetter(ctx, s.Stream, x, err)
-					continue
-				}
-				m.Deliveries = 1
-				out = append(out, m)
+		var asks []ask
+		for i, shard := range open {
+			count := want / len(open)
+			if i < want%len(open) {
+				count++
+			}
+			if count == 0 {
+				continue
+			}
+			asks = append(asks, ask{shard, count, pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.Group, Consumer: w.cfg.WorkerID,
+				Streams: []string{keys[shard], ">"}, Count: int64(count), Block: -1})})
+		}
+		_, _ = pipe.Exec(ctx)
+		var still []int
+		for _, a := range asks {
+			got := w.collect(ctx, keys[a.shard], a.cmd, &out)
+			if got == a.count {
+				still = append(still, a.shard) // it may hold more
 			}
 		}
+		// Shards not asked this round (count 0) stay open too.
+		asked := map[int]bool{}
+		for _, a := range asks {
+			asked[a.shard] = true
+		}
+		for _, shard := range open {
+			if !asked[shard] {
+				still = append(still, shard)
+			}
+		}
+		open = still
 	}
 	return out
+}
+
+// collect appends the messages of one XREADGROUP to out and returns how
+// many the stream delivered (poison included).
+func (w *Worker) collect(ctx context.Context, key string, c *redis.XStreamSliceCmd, out *[]stream.Message) int {
+	res, err := c.Result()
+	switch {
+	case err == redis.Nil:
+		return 0
+	case stream.IsNoGroup(err):
+		if err := stream.EnsureGroup(ctx, w.rdb, key); err != nil {
+			w.log.Warn("creating consumer group failed", zap.String("stream", key), zap.Error(err))
+		}
+		return 0
+	case err != nil:
+		if ctx.Err() == nil {
+			w.log.Warn("reading stream failed", zap.String("stream", key), zap.Error(err))
+		}
+		return 0
+	}
+	n := 0
+	for _, s := range res {
+		for _, x := range s.Messages {
+			n++
+			m, err := stream.Parse(s.Stream, x)
+			if err != nil {
+				w.deadLetter(ctx, s.Stream, x, err)
+				continue
+			}
+			m.Deliveries = 1
+			*out = append(*out, m)
+		}
+	}
+	return n
 }
 
 // deadLetter moves an undecodable message aside so it is never delivered

@@ -36,6 +36,7 @@ func commands() []command {
 		{"worker", "run a worker pool: read task streams, lease, execute, report", runWorker},
 		{"migrate", "apply the database migrations as the owner role", runMigrate},
 		{"dev", "run everything in one process with a demo tenant (development)", runDev},
+		{"bench", "run the end-to-end benchmarks against local PostgreSQL and Redis", runBench},
 	}
 }
 

@@ -23,7 +23,7 @@ func runServer(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
-	s, err := app.NewServer(d)
+	s, err := app.NewServer(d, app.ServerOptions{})
 	if err != nil {
 		return err
 	}
@@ -79,7 +79,7 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
-	s, err := app.NewServer(d)
+	s, err := app.NewServer(d, app.ServerOptions{})
 	if err != nil {
 		return err
 	}

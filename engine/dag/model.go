@@ -211,5 +211,16 @@ func (n *Node) QueueName() string {
 	return n.Queue
 }
 
+// HasWaits reports whether any node waits for a signal (the coordinator
+// reads a run's pending signals only then).
+func (w *Workflow) HasWaits() bool {
+	for _, n := range w.Nodes {
+		if n.Type == TypeWait {
+			return true
+		}
+	}
+	return false
+}
+
 // HasCondition reports whether the node has an `if` expression.
 func (n *Node) HasCondition() bool { return n.cond != nil }

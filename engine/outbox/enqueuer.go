@@ -8,12 +8,18 @@
 // the same transaction. A crash after XADD and before COMMIT leaves the
 // rows in place: they are published again (a duplicate, which the lease
 // makes harmless), never lost. A hung enqueuer's rows come back when the
-// server's idle-in-transaction timeout ends its transaction.
+// server's idle-in-transaction timeout (a setting of the system role's
+// connections, see internal/app) ends its transaction.
 //
 // Wake-ups: a statement-level trigger NOTIFYs at commit; the enqueuer
 // LISTENs on its own connection, can be woken in-process (Wake) when the
 // same process committed the rows, and polls as a fallback and for rows
-// whose next_attempt_at has come. Failed publishes back off exponentially
+// whose next_attempt_at has come.
+//
+// The fast path: a process that commits dispatches publishes them itself
+// right after the commit (PublishNow) and deletes them in batches. Such
+// rows are inserted due FastPathGrace later, so the polling path publishes
+// them only if their process died first. Failed publishes back off exponentially
 // with full jitter; a row that fails MaxAttempts times moves to
 // outbox_dead_letters.
 package outbox
@@ -23,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
@@ -52,8 +57,6 @@ type Config struct {
 	BaseBackoff time.Duration
 	// MaxBackoff caps the retry delay (default 5m).
 	MaxBackoff time.Duration
-	// HungTimeout ends a claim transaction left idle this long (default 30s).
-	HungTimeout time.Duration
 	// MaxStreamLen caps each stream shard (approximate trimming); messages
 	// trimmed unread are re-dispatched by the lost-dispatch sweep.
 	MaxStreamLen int64
@@ -75,9 +78,6 @@ func (c *Config) defaults() {
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = 5 * time.Minute
 	}
-	if c.HungTimeout <= 0 {
-		c.HungTimeout = 30 * time.Second
-	}
 	if c.MaxStreamLen <= 0 {
 		c.MaxStreamLen = 1_000_000
 	}
@@ -96,6 +96,13 @@ type Enqueuer struct {
 	shardsMu sync.Mutex
 	shards   map[uuid.UUID]shardEntry
 	groups   sync.Map // stream key -> struct{}: consumer group ensured
+	// activeSeen: queue|member -> time of the last ZADD to the active set.
+	activeSeen sync.Map
+
+	delMu      sync.Mutex // fresh rows published, to delete
+	delTenants []uuid.UUID
+	delIDs     []int64
+	deleteWake chan struct{}
 
 	// afterPublish, in tests, runs between XADD and DELETE.
 	afterPublish func()
@@ -114,7 +121,7 @@ func New(db *tenants.DB, listenURL string, rdb redis.UniversalClient, names stre
 		log = zap.NewNop()
 	}
 	return &Enqueuer{db: db, listen: listenURL, rdb: rdb, names: names, cfg: cfg, log: log,
-		wake: make(chan struct{}, 1), shards: map[uuid.UUID]shardEntry{}}
+		wake: make(chan struct{}, 1), shards: map[uuid.UUID]shardEntry{}, deleteWake: make(chan struct{}, 1)}
 }
 
 // Wake asks the enqueuer to drain now. It never blocks; wake-ups coalesce.
@@ -128,6 +135,7 @@ func (e *Enqueuer) Wake() {
 // Run drains the outbox until ctx ends.
 func (e *Enqueuer) Run(ctx context.Context) error {
 	go e.listenLoop(ctx)
+	go e.deleteLoop(ctx)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -233,10 +241,6 @@ func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 	var claimed int
 	err := e.db.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
 		claimed = 0
-		if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
-			strconv.FormatInt(e.cfg.HungTimeout.Milliseconds(), 10)); err != nil {
-			return err
-		}
 		rows, err := tx.Query(ctx, `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
 				coalesce(attempt, 0), coalesce(traceparent, ''), attempts
@@ -305,7 +309,13 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 	}
 	for k := range active {
 		member := stream.ActiveMember(k.tenant, shards[k.tenant])
-		pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+		// The active set only needs to know a tenant is recent; refresh it at
+		// most once a second per tenant and queue.
+		ak := k.queue + "|" + member
+		if last, ok := e.activeSeen.Load(ak); !ok || now.Sub(last.(time.Time)) > time.Second {
+			pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+			e.activeSeen.Store(ak, now)
+		}
 		// The wake-up names the tenant, so a worker reads a new tenant at once.
 		pipe.Publish(ctx, e.names.Wake(k.queue), member)
 	}
@@ -404,4 +414,91 @@ func (e *Enqueuer) shardCounts(ctx context.Context, batch []row) (map[uuid.UUID]
 		e.shards[t] = shardEntry{n: n, expires: now.Add(time.Minute)}
 	}
 	return out, nil
+}
+
+// Fresh is an outbox row its committing process publishes itself, right
+// after the commit (the fast path). The row was inserted due only after a
+// grace period, so if the process dies before publishing it, any enqueuer
+// publishes it then: the fast path can add a duplicate, never lose a row.
+type Fresh struct {
+	Tenant      uuid.UUID
+	ID          int64
+	Queue       string
+	Run, Task   uuid.UUID
+	Node, Type  string
+	Attempt     int
+	TraceParent string
+}
+
+// FastPathGrace is how long a fresh row waits for its own process before
+// any enqueuer may publish it.
+const FastPathGrace = 2 * time.Second
+
+// PublishNow publishes fresh rows in one pipelined round trip and queues
+// them for deletion. Rows that fail to publish stay for the polling path.
+func (e *Enqueuer) PublishNow(ctx context.Context, rows []Fresh) {
+	if len(rows) == 0 {
+		return
+	}
+	batch := make([]row, len(rows))
+	for i, f := range rows {
+		batch[i] = row{tenant: f.Tenant, id: f.ID, topic: "task", queue: f.Queue, run: f.Run, task: f.Task, node: f.Node,
+			typ: f.Type, attempt: f.Attempt, traceparent: f.TraceParent}
+	}
+	failed := e.publish(ctx, batch)
+	e.delMu.Lock()
+	for i, r := range batch {
+		if _, bad := failed[i]; !bad {
+			e.delTenants, e.delIDs = append(e.delTenants, r.tenant), append(e.delIDs, r.id)
+		}
+	}
+	n := len(e.delIDs)
+	e.delMu.Unlock()
+	if n > 0 {
+		select {
+		case e.deleteWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// deleteEvery batches the deletion of published fresh rows: one commit per
+// interval instead of one per step. A row left a little longer only costs
+// space; it is not due for anyone until FastPathGrace.
+const deleteEvery = 20 * time.Millisecond
+
+// deleteLoop deletes published fresh rows in batches, by primary key.
+func (e *Enqueuer) deleteLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			e.flushDeletes(context.WithoutCancel(ctx))
+			return
+		case <-e.deleteWake:
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(deleteEvery):
+		}
+		e.flushDeletes(ctx)
+	}
+}
+
+func (e *Enqueuer) flushDeletes(ctx context.Context) {
+	for {
+		e.delMu.Lock()
+		tenants, ids := e.delTenants, e.delIDs
+		e.delTenants, e.delIDs = nil, nil
+		e.delMu.Unlock()
+		if len(ids) == 0 {
+			return
+		}
+		_, err := e.db.System.Exec(ctx, `DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
+			WHERE o.tenant_id = d.tenant_id AND o.id = d.id`, tenants, ids)
+		if err != nil {
+			// Left in place, they are published again after the grace
+			// period: duplicates, which leases absorb.
+			e.log.Warn("deleting published outbox rows failed", zap.Int("rows", len(ids)), zap.Error(err))
+		}
+	}
 }

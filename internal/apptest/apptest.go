@@ -80,7 +80,7 @@ func StartWith(t testing.TB, env *testenv.Env, mod ...func(*config.Config)) *Sys
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := app.Open(ctx, cfg, log, true)
 	require.NoError(t, err)
-	srv, err := app.NewServer(d)
+	srv, err := app.NewServer(d, app.ServerOptions{})
 	require.NoError(t, err)
 	tn, err := d.DB.Create(ctx, tenants.CreateParams{Name: "tenant-under-test", StreamShards: 2})
 	require.NoError(t, err)
