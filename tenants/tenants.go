@@ -307,8 +307,11 @@ var DefaultShards = 4
 var planPattern = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 
 // Create adds a tenant. It runs as the system role: tenants are created by
-// operators, never through a tenant's own credentials.
-func (db *DB) Create(ctx context.Context, p CreateParams) (Tenant, error) {
+// operators, never through a tenant's own credentials. Each of then runs in
+// the same transaction, scoped to the new tenant (tx.Tenant), so
+// provisioning that goes with the tenant (its first API key) commits with it
+// or not at all.
+func (db *DB) Create(ctx context.Context, p CreateParams, then ...func(ctx context.Context, tx *Tx) error) (Tenant, error) {
 	if p.Name == "" || len(p.Name) > 200 {
 		return Tenant{}, errs.E(errs.Invalid, "tenant name must be 1-200 characters")
 	}
@@ -326,8 +329,17 @@ func (db *DB) Create(ctx context.Context, p CreateParams) (Tenant, error) {
 	}
 	t := Tenant{ID: uuid.Must(uuid.NewV7()), Name: p.Name, Plan: p.Plan, StreamShards: p.StreamShards}
 	err := db.WithSystem(ctx, func(ctx context.Context, tx *Tx) error {
-		return tx.QueryRow(ctx, `INSERT INTO tenants (id, name, plan, stream_shards) VALUES ($1, $2, $3, $4)
-			RETURNING created_at`, t.ID, t.Name, t.Plan, t.StreamShards).Scan(&t.CreatedAt)
+		if err := tx.QueryRow(ctx, `INSERT INTO tenants (id, name, plan, stream_shards) VALUES ($1, $2, $3, $4)
+			RETURNING created_at`, t.ID, t.Name, t.Plan, t.StreamShards).Scan(&t.CreatedAt); err != nil {
+			return err
+		}
+		scoped := &Tx{Tenant: t.ID, conn: tx.conn, begun: tx.begun}
+		for _, fn := range then {
+			if err := fn(ctx, scoped); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return Tenant{}, fmt.Errorf("create tenant: %w", err)

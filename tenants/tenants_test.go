@@ -109,3 +109,20 @@ func TestDeadlocksAreRetried(t *testing.T) {
 	require.NoError(t, <-errc)
 	assert.Equal(t, 3, calls[0]+calls[1], "one of the two was retried once")
 }
+
+// TestCreateWithProvisioningIsAtomic: what is provisioned with a tenant
+// commits with it; a failure leaves no tenant behind.
+func TestCreateWithProvisioningIsAtomic(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewPG(t)
+	db := &tenants.DB{App: env.App, System: env.System}
+	ctx := context.Background()
+	_, err := db.Create(ctx, tenants.CreateParams{Name: "doomed"}, func(ctx context.Context, tx *tenants.Tx) error {
+		assert.NotEqual(t, uuid.Nil, tx.Tenant, "the step is scoped to the new tenant")
+		return errors.New("key creation failed")
+	})
+	require.Error(t, err)
+	var n int
+	require.NoError(t, env.System.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE name = 'doomed'`).Scan(&n))
+	assert.Zero(t, n, "no partial tenant")
+}

@@ -37,6 +37,8 @@ func commands() []command {
 		{"migrate", "apply the database migrations as the owner role", runMigrate},
 		{"dev", "run everything in one process with a demo tenant (development)", runDev},
 		{"bench", "run the end-to-end benchmarks against local PostgreSQL and Redis", runBench},
+		{"tenants", "administer tenants: `tenants create --name N --plan P` prints its id and first API key", runTenants},
+		{"token", "mint a development user token: `token --tenant ID --role ROLE`", runToken},
 	}
 }
 

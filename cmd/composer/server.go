@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/app"
 )
 
@@ -40,7 +41,7 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	env.cfg.WorkerQueues = splitList(*queues)
 	env.cfg.WorkerConcurrency = *concurrency
 	if env.cfg.WorkerToken == "" {
-		return fmt.Errorf("COMPOSER_WORKER_TOKEN must be set")
+		return fmt.Errorf("COMPOSER_WORKER_TOKEN must be set (a platform token, or a tenant API key with the worker scope)")
 	}
 	d, err := app.Open(ctx, env.cfg, env.log, false)
 	if err != nil {
@@ -65,6 +66,9 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 	if cfg.WorkerToken == "" {
 		cfg.WorkerToken = "composer-dev-worker-token"
 	}
+	if cfg.JWTHS256Secret == "" {
+		cfg.JWTHS256Secret = app.DevJWTSecret
+	}
 	if len(cfg.AllowPrivateNetworks) == 0 {
 		cfg.AllowPrivateNetworks = []string{"127.0.0.0/8", "::1/128"}
 	}
@@ -83,10 +87,20 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	tenant, err := app.EnsureDemoTenant(ctx, d)
+	tenant, firstKey, err := app.EnsureDemoTenant(ctx, d)
 	if err != nil {
 		return err
 	}
+	token, err := app.DevToken(ctx, d, tenant, "demo@composer.local", auth.RoleOwner, 30*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	// Credentials go to stdout for the person at the terminal, never to logs.
+	fmt.Printf("\ncomposer dev: demo tenant %s\n", tenant)
+	if firstKey != "" {
+		fmt.Printf("  first owner API key (shown once): %s\n", firstKey)
+	}
+	fmt.Printf("  owner token (30 days): %s\n\n", token)
 	base := "http://" + cfg.HTTPAddr
 	if err := app.EnsureDemoWorkflow(ctx, s.Coordinator, tenant, base); err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/engine/stream"
@@ -113,6 +114,8 @@ type Server struct {
 	Coordinator *engine.Coordinator
 	Enqueuer    *outbox.Enqueuer
 	Sweeper     *engine.Sweeper
+	Authn       *auth.Authenticator
+	Authz       *auth.Authorizer
 	Mux         *http.ServeMux
 }
 
@@ -125,10 +128,15 @@ type ServerOptions struct {
 
 // NewServer assembles a server over d.
 func NewServer(d *Deps, o ServerOptions) (*Server, error) {
-	if d.Cfg.WorkerToken == "" {
-		return nil, errors.New("COMPOSER_WORKER_TOKEN must be set: workers authenticate with it")
-	}
 	s := &Server{Deps: d, Mux: http.NewServeMux()}
+	jwt, err := JWTVerifier(d)
+	if err != nil {
+		return nil, err
+	}
+	s.Authn = &auth.Authenticator{DB: d.DB, JWT: jwt, Logger: d.Log.Named("auth")}
+	if s.Authz, err = auth.NewAuthorizer(); err != nil {
+		return nil, fmt.Errorf("authorizer: %w", err)
+	}
 	// This process's enqueuer is woken in-process after its commits.
 	d.DB.LocalOutbox = true
 	s.Enqueuer = outbox.New(d.DB, d.Cfg.SystemDatabaseURL, d.Redis, stream.NewNames(d.Cfg.RedisNamespace),
@@ -145,7 +153,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
 
-	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, taskserver.PlatformToken(d.Cfg.WorkerToken), d.Log.Named("taskapi")))
+	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
 	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.Mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)

@@ -19,21 +19,23 @@ import (
 // DemoTenantName names the tenant `composer dev` creates and uses.
 const DemoTenantName = "demo"
 
-// EnsureDemoTenant returns the demo tenant, creating it on first use.
-func EnsureDemoTenant(ctx context.Context, d *Deps) (uuid.UUID, error) {
+// EnsureDemoTenant returns the demo tenant, creating it on first use the
+// way `composer tenants create` does; the first owner API key is returned
+// only then (it is never shown again).
+func EnsureDemoTenant(ctx context.Context, d *Deps) (uuid.UUID, string, error) {
 	var id uuid.UUID
 	err := d.DB.System.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 ORDER BY created_at LIMIT 1`, DemoTenantName).Scan(&id)
 	if err == nil {
-		return id, nil
+		return id, "", nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
-		return uuid.Nil, fmt.Errorf("find demo tenant: %w", err)
+		return uuid.Nil, "", fmt.Errorf("find demo tenant: %w", err)
 	}
-	t, err := d.DB.Create(ctx, tenants.CreateParams{Name: DemoTenantName, Plan: "pro"})
+	p, err := ProvisionTenant(ctx, d, tenants.CreateParams{Name: DemoTenantName, Plan: "pro"}, "composer dev")
 	if err != nil {
-		return uuid.Nil, err
+		return uuid.Nil, "", err
 	}
-	return t.ID, nil
+	return p.Tenant.ID, p.APIKey, nil
 }
 
 // DemoWorkflow is the definition of the demo's "hello" workflow: a fork of

@@ -75,6 +75,16 @@ type Config struct {
 	// ShutdownTimeout is how long in-flight work may finish on shutdown.
 	ShutdownTimeout time.Duration
 
+	// JWTIssuer and JWTAudience must appear in every user token.
+	JWTIssuer, JWTAudience string
+	// JWTHS256Secret enables HS256 user tokens (development, `composer
+	// token`); at least 32 bytes.
+	JWTHS256Secret string
+	// JWTPublicKeysFile is a PEM file of RS256/ES256 verification keys.
+	JWTPublicKeysFile string
+	// JWKSFile is a JSON Web Key Set document of the identity provider.
+	JWKSFile string
+
 	// AllowPrivateNetworks lists CIDRs that outbound requests to tenant URLs
 	// may reach although they are private (local development and tests only).
 	AllowPrivateNetworks []string
@@ -103,6 +113,8 @@ func Defaults() Config {
 		OutboxPollInterval:  time.Second,
 		DefaultStreamShards: 4,
 		RetentionMonths:     3,
+		JWTIssuer:           "composer",
+		JWTAudience:         "composer-api",
 	}
 }
 
@@ -137,6 +149,14 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_DEFAULT_STREAM_SHARDS", &c.DefaultStreamShards, 1, 256)
 	p.integer("COMPOSER_RETENTION_MONTHS", &c.RetentionMonths, 1, 1200)
 	p.list("COMPOSER_ALLOW_PRIVATE_NETWORKS", &c.AllowPrivateNetworks)
+	p.str("COMPOSER_JWT_ISSUER", &c.JWTIssuer)
+	p.str("COMPOSER_JWT_AUDIENCE", &c.JWTAudience)
+	p.str("COMPOSER_JWT_HS256_SECRET", &c.JWTHS256Secret)
+	p.str("COMPOSER_JWT_PUBLIC_KEYS_FILE", &c.JWTPublicKeysFile)
+	p.str("COMPOSER_JWKS_FILE", &c.JWKSFile)
+	if c.JWTHS256Secret != "" && len(c.JWTHS256Secret) < 32 {
+		p.fail("COMPOSER_JWT_HS256_SECRET", "must be at least 32 bytes")
+	}
 	return c, errors.Join(p.errs...)
 }
 
