@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -90,4 +91,233 @@ func TasksOfRuns(ctx context.Context, tx *tenants.Tx, runs []uuid.UUID) ([]TaskV
 		return nil, fmt.Errorf("tasks of runs: %w", err)
 	}
 	return out, nil
+}
+
+// RunFilter narrows a run listing. Created bounds become id bounds (run ids
+// are UUIDv7, ordered by creation), so every filter is an index range.
+type RunFilter struct {
+	Statuses       []string
+	WorkflowID     *uuid.UUID
+	CreatedAfter   *time.Time
+	CreatedBefore  *time.Time
+	IdempotencyKey *string
+}
+
+// MaxPage bounds one page of a listing.
+const MaxPage = 500
+
+// ListRuns returns up to first runs older than the run id after (nil for
+// the newest), newest first, and whether more follow.
+func ListRuns(ctx context.Context, tx *tenants.Tx, f RunFilter, first int, after *uuid.UUID) ([]RunView, bool, error) {
+	if first < 1 || first > MaxPage {
+		return nil, false, errs.E(errs.Invalid, "first must be between 1 and %d", MaxPage)
+	}
+	for _, s := range f.Statuses {
+		switch s {
+		case "running", "completed", "failed", "cancelled":
+		default:
+			return nil, false, errs.E(errs.Invalid, "unknown status %q", s)
+		}
+	}
+	where := []string{"tenant_id = $1"}
+	args := []any{tx.Tenant}
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	if after != nil {
+		where = append(where, "id < "+arg(*after))
+	}
+	if len(f.Statuses) == 1 {
+		where = append(where, "status = "+arg(f.Statuses[0]))
+	} else if len(f.Statuses) > 1 {
+		where = append(where, "status = ANY("+arg(f.Statuses)+")")
+	}
+	if f.WorkflowID != nil {
+		where = append(where, "workflow_id = "+arg(*f.WorkflowID))
+	}
+	if f.CreatedAfter != nil {
+		where = append(where, "id >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
+	}
+	if f.CreatedBefore != nil {
+		where = append(where, "id < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
+	}
+	if f.IdempotencyKey != nil {
+		where = append(where, "id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
+	}
+	q := `SELECT ` + runColumns + ` FROM workflow_runs WHERE ` + strings.Join(where, " AND ") + ` ORDER BY id DESC LIMIT ` + arg(first+1)
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, false, fmt.Errorf("list runs: %w", err)
+	}
+	defer rows.Close()
+	var out []RunView
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, false, fmt.Errorf("list runs: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("list runs: %w", err)
+	}
+	more := len(out) > first
+	if more {
+		out = out[:first]
+	}
+	return out, more, nil
+}
+
+// RunEvent is one entry of a run's timeline: an applied event and what it
+// changed.
+type RunEvent struct {
+	ID        int64           `json:"id"`
+	Kind      string          `json:"kind"`
+	NodeID    *string         `json:"node_id,omitempty"`
+	TaskID    *uuid.UUID      `json:"task_id,omitempty"`
+	Attempt   *int            `json:"attempt,omitempty"`
+	Detail    json.RawMessage `json:"detail"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// Timeline reads up to limit of a run's events, oldest first.
+func Timeline(ctx context.Context, tx *tenants.Tx, run uuid.UUID, limit int) ([]RunEvent, error) {
+	if limit < 1 || limit > 5000 {
+		return nil, errs.E(errs.Invalid, "first must be between 1 and 5000")
+	}
+	rows, err := tx.Query(ctx, `SELECT id, kind, node_id, task_id, attempt, detail, created_at FROM run_events
+		WHERE tenant_id = $1 AND run_id = $2 ORDER BY id LIMIT $3`, tx.Tenant, run, limit)
+	if err != nil {
+		return nil, fmt.Errorf("timeline: %w", err)
+	}
+	var out []RunEvent
+	var e RunEvent
+	_, err = pgx.ForEachRow(rows, []any{&e.ID, &e.Kind, &e.NodeID, &e.TaskID, &e.Attempt, &e.Detail, &e.CreatedAt}, func() error {
+		c := e
+		c.Detail = append(json.RawMessage(nil), e.Detail...)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("timeline: %w", err)
+	}
+	return out, nil
+}
+
+const workflowColumns = `id, name, description, latest_version, created_at, updated_at`
+
+func scanWorkflow(row pgx.Row) (Workflow, error) {
+	var w Workflow
+	err := row.Scan(&w.ID, &w.Name, &w.Description, &w.LatestVersion, &w.CreatedAt, &w.UpdatedAt)
+	return w, err
+}
+
+// ListWorkflows returns up to first workflows after the name after, by name.
+func ListWorkflows(ctx context.Context, tx *tenants.Tx, first int, after *string) ([]Workflow, bool, error) {
+	if first < 1 || first > MaxPage {
+		return nil, false, errs.E(errs.Invalid, "first must be between 1 and %d", MaxPage)
+	}
+	rows, err := tx.Query(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions
+		WHERE tenant_id = $1 AND ($2::text IS NULL OR name > $2) ORDER BY name LIMIT $3`, tx.Tenant, after, first+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("list workflows: %w", err)
+	}
+	defer rows.Close()
+	var out []Workflow
+	for rows.Next() {
+		w, err := scanWorkflow(rows)
+		if err != nil {
+			return nil, false, fmt.Errorf("list workflows: %w", err)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, fmt.Errorf("list workflows: %w", err)
+	}
+	more := len(out) > first
+	if more {
+		out = out[:first]
+	}
+	return out, more, nil
+}
+
+// WorkflowsByID reads workflows by id (for batched loading); missing ids
+// are absent from the map.
+func WorkflowsByID(ctx context.Context, tx *tenants.Tx, ids []uuid.UUID) (map[uuid.UUID]Workflow, error) {
+	rows, err := tx.Query(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions WHERE tenant_id = $1 AND id = ANY($2)`, tx.Tenant, ids)
+	if err != nil {
+		return nil, fmt.Errorf("workflows by id: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[uuid.UUID]Workflow, len(ids))
+	for rows.Next() {
+		w, err := scanWorkflow(rows)
+		if err != nil {
+			return nil, fmt.Errorf("workflows by id: %w", err)
+		}
+		out[w.ID] = w
+	}
+	return out, rows.Err()
+}
+
+// GetWorkflow reads one workflow.
+func GetWorkflow(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Workflow, error) {
+	w, err := scanWorkflow(tx.QueryRow(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Workflow{}, errs.E(errs.NotFound, "workflow %s not found", id)
+	}
+	if err != nil {
+		return Workflow{}, fmt.Errorf("get workflow: %w", err)
+	}
+	return w, nil
+}
+
+// Versions reads a workflow's versions, newest first; number > 0 reads
+// only that one (NotFound when it does not exist).
+func Versions(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number int) ([]Version, error) {
+	rows, err := tx.Query(ctx, `SELECT workflow_id, version, definition, created_at FROM workflow_versions
+		WHERE tenant_id = $1 AND workflow_id = $2 AND ($3 = 0 OR version = $3) ORDER BY version DESC`, tx.Tenant, workflow, number)
+	if err != nil {
+		return nil, fmt.Errorf("versions: %w", err)
+	}
+	var out []Version
+	var v Version
+	_, err = pgx.ForEachRow(rows, []any{&v.WorkflowID, &v.Version, &v.Definition, &v.CreatedAt}, func() error {
+		c := v
+		c.Definition = append(json.RawMessage(nil), v.Definition...)
+		out = append(out, c)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("versions: %w", err)
+	}
+	if number > 0 && len(out) == 0 {
+		return nil, errs.E(errs.NotFound, "version %d of workflow %s not found", number, workflow)
+	}
+	return out, nil
+}
+
+// Usage is what a tenant uses now.
+type Usage struct {
+	RunningRuns  int
+	QueuedTasks  int
+	RunningTasks int
+}
+
+// TenantUsage counts the tenant's running runs and its queued and running
+// tasks.
+func TenantUsage(ctx context.Context, tx *tenants.Tx) (Usage, error) {
+	var u Usage
+	err := tx.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'),
+		(SELECT count(*) FROM task_instances t WHERE t.tenant_id = $1 AND t.state = 'pending'
+		    AND t.run_id IN (SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running')),
+		(SELECT count(*) FROM task_instances t WHERE t.tenant_id = $1 AND t.state = 'running'
+		    AND t.run_id IN (SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'))`, tx.Tenant).
+		Scan(&u.RunningRuns, &u.QueuedTasks, &u.RunningTasks)
+	if err != nil {
+		return Usage{}, fmt.Errorf("tenant usage: %w", err)
+	}
+	return u, nil
 }

@@ -7,14 +7,570 @@ package graph
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/graph/model"
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+	"github.com/google/uuid"
 )
 
-// Health is the resolver for the health field.
-func (r *queryResolver) Health(ctx context.Context) (string, error) {
-	return "ok", nil
+// Role is the resolver for the role field.
+func (r *memberResolver) Role(ctx context.Context, obj *auth.Member) (model.Role, error) {
+	return model.Role(strings.ToUpper(string(obj.Role))), nil
 }
+
+// Email is the resolver for the email field.
+func (r *memberResolver) Email(ctx context.Context, obj *auth.Member) (*string, error) {
+	if obj.Email == "" {
+		return nil, nil
+	}
+	return &obj.Email, nil
+}
+
+// CreateWorkflow is the resolver for the createWorkflow field.
+func (r *mutationResolver) CreateWorkflow(ctx context.Context, input model.CreateWorkflowInput) (*model.CreateWorkflowPayload, error) {
+	p, err := r.authorize(ctx, auth.ActionWorkflowsWrite)
+	if err != nil {
+		return nil, err
+	}
+	desc := ""
+	if input.Description != nil {
+		desc = *input.Description
+	}
+	w, v, err := r.Coord.CreateWorkflow(ctx, p.TenantID, input.Name, desc, input.Definition)
+	if err != nil {
+		return nil, err
+	}
+	return &model.CreateWorkflowPayload{Workflow: &w, Version: &v}, nil
+}
+
+// PublishWorkflowVersion is the resolver for the publishWorkflowVersion field.
+func (r *mutationResolver) PublishWorkflowVersion(ctx context.Context, workflowID uuid.UUID, definition json.RawMessage) (*engine.Version, error) {
+	p, err := r.authorize(ctx, auth.ActionWorkflowsWrite)
+	if err != nil {
+		return nil, err
+	}
+	v, err := r.Coord.PublishVersion(ctx, p.TenantID, workflowID, definition)
+	if err != nil {
+		return nil, err
+	}
+	return &v, nil
+}
+
+// StartRun is the resolver for the startRun field.
+func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInput) (*model.StartRunPayload, error) {
+	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	if err != nil {
+		return nil, err
+	}
+	req := engine.StartRun{Input: input.Input}
+	if input.WorkflowID != nil {
+		req.WorkflowID = *input.WorkflowID
+	}
+	if input.WorkflowName != nil {
+		req.WorkflowName = *input.WorkflowName
+	}
+	if input.Version != nil {
+		req.Version = *input.Version
+	}
+	if input.IdempotencyKey != nil {
+		req.IdempotencyKey = *input.IdempotencyKey
+	}
+	res, err := r.Coord.StartRun(ctx, p.TenantID, req)
+	if err != nil {
+		return nil, err
+	}
+	run, err := r.run(ctx, res.RunID)
+	if err != nil {
+		return nil, err
+	}
+	return &model.StartRunPayload{Run: run, Created: res.Created}, nil
+}
+
+// CancelRun is the resolver for the cancelRun field.
+func (r *mutationResolver) CancelRun(ctx context.Context, id uuid.UUID, reason *string) (*engine.RunView, error) {
+	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	if err != nil {
+		return nil, err
+	}
+	why := "cancelled by " + p.Subject
+	if reason != nil && *reason != "" {
+		why = *reason
+	}
+	if _, err := r.Coord.CancelRun(ctx, p.TenantID, id, why); err != nil {
+		return nil, err
+	}
+	return r.run(ctx, id)
+}
+
+// SignalRun is the resolver for the signalRun field.
+func (r *mutationResolver) SignalRun(ctx context.Context, id uuid.UUID, name string, payload json.RawMessage, signalID *string) (*model.SignalPayload, error) {
+	return r.signal(ctx, id, engine.Signal{ID: deref(signalID), Name: name, Payload: payload})
+}
+
+// Approve is the resolver for the approve field.
+func (r *mutationResolver) Approve(ctx context.Context, id uuid.UUID, signal *string, approved bool, comment *string, signalID *string) (*model.SignalPayload, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	name := "approval"
+	if signal != nil && *signal != "" {
+		name = *signal
+	}
+	decision, _ := json.Marshal(map[string]any{"approved": approved, "comment": deref(comment), "by": p.Subject})
+	return r.signal(ctx, id, engine.Signal{ID: deref(signalID), Name: name, Payload: decision})
+}
+
+// RerunRun is the resolver for the rerunRun field.
+func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *model.RerunMode) (*engine.RunView, error) {
+	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	if err != nil {
+		return nil, err
+	}
+	if mode != nil && *mode == model.RerunModeAsNew {
+		res, err := r.Coord.RerunAsNew(ctx, p.TenantID, id)
+		if err != nil {
+			return nil, err
+		}
+		return r.run(ctx, res.RunID)
+	}
+	ack, err := r.Coord.RerunRun(ctx, p.TenantID, id)
+	if err != nil {
+		return nil, err
+	}
+	if ack.Ignored {
+		return nil, errs.E(errs.Conflict, "%s", ack.Reason)
+	}
+	return r.run(ctx, id)
+}
+
+// CreateAPIKey is the resolver for the createApiKey field.
+func (r *mutationResolver) CreateAPIKey(ctx context.Context, input model.CreateAPIKeyInput) (*model.CreateAPIKeyPayload, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out model.CreateAPIKeyPayload
+	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+		secret, key, err := auth.Keys{Logger: r.Log}.Create(ctx, tx, input.Name, input.Scopes, input.ExpiresAt, p.Subject)
+		out.Secret, out.APIKey = secret, &key
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RevokeAPIKey is the resolver for the revokeApiKey field.
+func (r *mutationResolver) RevokeAPIKey(ctx context.Context, id uuid.UUID) (*auth.Key, error) {
+	var out auth.Key
+	err := r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+		if err := (auth.Keys{Logger: r.Log}).Revoke(ctx, tx, id); err != nil {
+			return err
+		}
+		keys, err := auth.Keys{}.List(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if k.ID == id {
+				out = k
+				return nil
+			}
+		}
+		return errs.E(errs.NotFound, "API key %s not found", id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// AddMember is the resolver for the addMember field.
+func (r *mutationResolver) AddMember(ctx context.Context, subject string, role model.Role, email *string) (*auth.Member, error) {
+	var out auth.Member
+	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+		if err := mayGrant(ctx, role); err != nil {
+			return err
+		}
+		var err error
+		out, err = auth.Members{}.Add(ctx, tx, subject, authRole(role), deref(email))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ChangeMemberRole is the resolver for the changeMemberRole field.
+func (r *mutationResolver) ChangeMemberRole(ctx context.Context, subject string, role model.Role) (*auth.Member, error) {
+	var out auth.Member
+	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+		if err := mayGrant(ctx, role); err != nil {
+			return err
+		}
+		var err error
+		out, err = auth.Members{}.ChangeRole(ctx, tx, subject, authRole(role))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RemoveMember is the resolver for the removeMember field.
+func (r *mutationResolver) RemoveMember(ctx context.Context, subject string) (bool, error) {
+	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+		return auth.Members{}.Remove(ctx, tx, subject)
+	})
+	return err == nil, err
+}
+
+// Viewer is the resolver for the viewer field.
+func (r *queryResolver) Viewer(ctx context.Context) (*model.Viewer, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := &model.Viewer{Subject: p.Subject, Scopes: append([]string{}, p.Scopes...)}
+	if p.Kind == auth.KindAPIKey {
+		v.Kind = model.PrincipalKindAPIKey
+	} else {
+		v.Kind = model.PrincipalKindUser
+		role := model.Role(strings.ToUpper(string(p.Role)))
+		v.Role = &role
+	}
+	return v, nil
+}
+
+// Tenant is the resolver for the tenant field.
+func (r *queryResolver) Tenant(ctx context.Context) (*tenants.Tenant, error) {
+	return r.tenant(ctx)
+}
+
+// Workflows is the resolver for the workflows field.
+func (r *queryResolver) Workflows(ctx context.Context, first *int, after *string) (*model.WorkflowConnection, error) {
+	n, err := pageSize(first)
+	if err != nil {
+		return nil, err
+	}
+	var cursor *string
+	if after != nil {
+		name, err := decodeCursor(*after)
+		if err != nil {
+			return nil, err
+		}
+		cursor = &name
+	}
+	var list []engine.Workflow
+	var more bool
+	err = r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		list, more, err = engine.ListWorkflows(ctx, tx, n, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &model.WorkflowConnection{Edges: make([]model.WorkflowEdge, len(list)), PageInfo: &model.PageInfo{HasNextPage: more}}
+	for i := range list {
+		c := encodeCursor(list[i].Name)
+		out.Edges[i] = model.WorkflowEdge{Cursor: c, Node: &list[i]}
+		out.PageInfo.EndCursor = &c
+	}
+	return out, nil
+}
+
+// Workflow is the resolver for the workflow field.
+func (r *queryResolver) Workflow(ctx context.Context, id uuid.UUID) (*engine.Workflow, error) {
+	var w engine.Workflow
+	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		w, err = engine.GetWorkflow(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// Runs is the resolver for the runs field.
+func (r *queryResolver) Runs(ctx context.Context, first *int, after *string, filter *model.RunFilter) (*model.RunConnection, error) {
+	n, err := pageSize(first)
+	if err != nil {
+		return nil, err
+	}
+	var cursor *uuid.UUID
+	if after != nil {
+		s, err := decodeCursor(*after)
+		if err != nil {
+			return nil, err
+		}
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return nil, errs.E(errs.Invalid, "after: not a cursor of this list")
+		}
+		cursor = &id
+	}
+	var f engine.RunFilter
+	if filter != nil {
+		for _, s := range filter.Status {
+			f.Statuses = append(f.Statuses, strings.ToLower(string(s)))
+		}
+		f.WorkflowID, f.CreatedAfter, f.CreatedBefore, f.IdempotencyKey = filter.WorkflowID, filter.CreatedAfter, filter.CreatedBefore, filter.IdempotencyKey
+	}
+	var list []engine.RunView
+	var more bool
+	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		if list, more, err = engine.ListRuns(ctx, tx, f, n, cursor); err != nil {
+			return err
+		}
+		// The page's tasks and workflows come in the same transaction, one
+		// query each, whatever the page size.
+		return r.preload(ctx, tx, list, requested(ctx, "edges", "node", "tasks"), requested(ctx, "edges", "node", "workflow"))
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &model.RunConnection{Edges: make([]model.RunEdge, len(list)), PageInfo: &model.PageInfo{HasNextPage: more}}
+	for i := range list {
+		c := encodeCursor(list[i].ID.String())
+		out.Edges[i] = model.RunEdge{Cursor: c, Node: &list[i]}
+		out.PageInfo.EndCursor = &c
+	}
+	return out, nil
+}
+
+// Run is the resolver for the run field.
+func (r *queryResolver) Run(ctx context.Context, id uuid.UUID) (*engine.RunView, error) {
+	return r.run(ctx, id)
+}
+
+// APIKeys is the resolver for the apiKeys field.
+func (r *queryResolver) APIKeys(ctx context.Context) ([]auth.Key, error) {
+	var out []auth.Key
+	err := r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		out, err = auth.Keys{}.List(ctx, tx)
+		return err
+	})
+	return out, err
+}
+
+// Members is the resolver for the members field.
+func (r *queryResolver) Members(ctx context.Context) ([]auth.Member, error) {
+	var out []auth.Member
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		out, err = auth.Members{}.List(ctx, tx)
+		return err
+	})
+	return out, err
+}
+
+// Workflow is the resolver for the workflow field.
+func (r *runResolver) Workflow(ctx context.Context, obj *engine.RunView) (*engine.Workflow, error) {
+	w, err := r.loaders(ctx).workflows.Load(ctx, obj.WorkflowID)
+	if err != nil {
+		return nil, err
+	}
+	return &w, nil
+}
+
+// Status is the resolver for the status field.
+func (r *runResolver) Status(ctx context.Context, obj *engine.RunView) (model.RunStatus, error) {
+	return model.RunStatus(strings.ToUpper(obj.Status)), nil
+}
+
+// Tasks is the resolver for the tasks field.
+func (r *runResolver) Tasks(ctx context.Context, obj *engine.RunView) ([]engine.TaskView, error) {
+	return r.loaders(ctx).tasks.Load(ctx, obj.ID)
+}
+
+// Timeline is the resolver for the timeline field.
+func (r *runResolver) Timeline(ctx context.Context, obj *engine.RunView, first *int) ([]engine.RunEvent, error) {
+	n := 200
+	if first != nil {
+		n = *first
+	}
+	var out []engine.RunEvent
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		out, err = engine.Timeline(ctx, tx, obj.ID, n)
+		return err
+	})
+	return out, err
+}
+
+// RunUpdated is the resolver for the runUpdated field.
+func (r *subscriptionResolver) RunUpdated(ctx context.Context, id uuid.UUID) (<-chan *engine.RunView, error) {
+	first, err := r.run(ctx, id) // authorizes, and NOT_FOUND for another tenant's run
+	if err != nil {
+		return nil, err
+	}
+	p, _ := principal(ctx)
+	changes, cancel, err := r.Live.Subscribe(ctx, p.TenantID)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *engine.RunView, 1)
+	go func() {
+		defer close(out)
+		defer cancel()
+		if !send(ctx, out, first) || first.Status != "running" {
+			return
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case c, ok := <-changes:
+				if !ok {
+					return
+				}
+				if c.Run != id {
+					continue
+				}
+				run, err := r.run(ctx, id) // authorized again: a revoked member stops receiving
+				if err != nil || !send(ctx, out, run) || run.Status != "running" {
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// RunsChanged is the resolver for the runsChanged field.
+func (r *subscriptionResolver) RunsChanged(ctx context.Context) (<-chan *model.RunChange, error) {
+	p, err := r.authorize(ctx, auth.ActionRunsRead)
+	if err != nil {
+		return nil, err
+	}
+	changes, cancel, err := r.Live.Subscribe(ctx, p.TenantID)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *model.RunChange, 16)
+	go func() {
+		defer close(out)
+		defer cancel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case c, ok := <-changes:
+				if !ok {
+					return
+				}
+				run, err := r.run(ctx, c.Run)
+				if errs.KindOf(err) == errs.NotFound {
+					continue
+				}
+				if err != nil || !send(ctx, out, &model.RunChange{Event: c.Event, Run: run}) {
+					return
+				}
+			}
+		}
+	}()
+	return out, nil
+}
+
+// State is the resolver for the state field.
+func (r *taskResolver) State(ctx context.Context, obj *engine.TaskView) (model.TaskState, error) {
+	return model.TaskState(strings.ToUpper(obj.State)), nil
+}
+
+// Usage is the resolver for the usage field.
+func (r *tenantResolver) Usage(ctx context.Context, obj *tenants.Tenant) (*model.TenantUsage, error) {
+	var u engine.Usage
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		u, err = engine.TenantUsage(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &model.TenantUsage{RunningRuns: u.RunningRuns, QueuedTasks: u.QueuedTasks, RunningTasks: u.RunningTasks}, nil
+}
+
+// Tenant is the resolver for the tenant field.
+func (r *viewerResolver) Tenant(ctx context.Context, obj *model.Viewer) (*tenants.Tenant, error) {
+	return r.tenant(ctx)
+}
+
+// Versions is the resolver for the versions field.
+func (r *workflowResolver) Versions(ctx context.Context, obj *engine.Workflow) ([]engine.Version, error) {
+	var out []engine.Version
+	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		out, err = engine.Versions(ctx, tx, obj.ID, 0)
+		return err
+	})
+	return out, err
+}
+
+// Version is the resolver for the version field.
+func (r *workflowResolver) Version(ctx context.Context, obj *engine.Workflow, number int) (*engine.Version, error) {
+	if number < 1 {
+		return nil, errs.E(errs.Invalid, "version numbers start at 1")
+	}
+	var out []engine.Version
+	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		out, err = engine.Versions(ctx, tx, obj.ID, number)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out[0], nil
+}
+
+// Member returns MemberResolver implementation.
+func (r *Resolver) Member() MemberResolver { return &memberResolver{r} }
+
+// Mutation returns MutationResolver implementation.
+func (r *Resolver) Mutation() MutationResolver { return &mutationResolver{r} }
 
 // Query returns QueryResolver implementation.
 func (r *Resolver) Query() QueryResolver { return &queryResolver{r} }
 
-type queryResolver struct{ *Resolver }
+// Run returns RunResolver implementation.
+func (r *Resolver) Run() RunResolver { return &runResolver{r} }
+
+// Subscription returns SubscriptionResolver implementation.
+func (r *Resolver) Subscription() SubscriptionResolver { return &subscriptionResolver{r} }
+
+// Task returns TaskResolver implementation.
+func (r *Resolver) Task() TaskResolver { return &taskResolver{r} }
+
+// Tenant returns TenantResolver implementation.
+func (r *Resolver) Tenant() TenantResolver { return &tenantResolver{r} }
+
+// Viewer returns ViewerResolver implementation.
+func (r *Resolver) Viewer() ViewerResolver { return &viewerResolver{r} }
+
+// Workflow returns WorkflowResolver implementation.
+func (r *Resolver) Workflow() WorkflowResolver { return &workflowResolver{r} }
+
+type (
+	memberResolver       struct{ *Resolver }
+	mutationResolver     struct{ *Resolver }
+	queryResolver        struct{ *Resolver }
+	runResolver          struct{ *Resolver }
+	subscriptionResolver struct{ *Resolver }
+	taskResolver         struct{ *Resolver }
+	tenantResolver       struct{ *Resolver }
+	viewerResolver       struct{ *Resolver }
+	workflowResolver     struct{ *Resolver }
+)

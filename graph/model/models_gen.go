@@ -2,5 +2,419 @@
 
 package model
 
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/tenants"
+	"github.com/google/uuid"
+)
+
+type CreateAPIKeyInput struct {
+	Name      string     `json:"name"`
+	Scopes    []string   `json:"scopes"`
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+}
+
+type CreateAPIKeyPayload struct {
+	APIKey *auth.Key `json:"apiKey"`
+	// The key, shown this once.
+	Secret string `json:"secret"`
+}
+
+type CreateWorkflowInput struct {
+	Name        string          `json:"name"`
+	Description *string         `json:"description,omitempty"`
+	Definition  json.RawMessage `json:"definition"`
+}
+
+type CreateWorkflowPayload struct {
+	Workflow *engine.Workflow `json:"workflow"`
+	Version  *engine.Version  `json:"version"`
+}
+
+type Mutation struct {
+}
+
+type PageInfo struct {
+	HasNextPage bool    `json:"hasNextPage"`
+	EndCursor   *string `json:"endCursor,omitempty"`
+}
+
 type Query struct {
+}
+
+type RunChange struct {
+	Event string          `json:"event"`
+	Run   *engine.RunView `json:"run"`
+}
+
+type RunConnection struct {
+	Edges    []RunEdge `json:"edges"`
+	PageInfo *PageInfo `json:"pageInfo"`
+}
+
+type RunEdge struct {
+	Cursor string          `json:"cursor"`
+	Node   *engine.RunView `json:"node"`
+}
+
+type RunFilter struct {
+	Status         []RunStatus `json:"status,omitempty"`
+	WorkflowID     *uuid.UUID  `json:"workflowId,omitempty"`
+	CreatedAfter   *time.Time  `json:"createdAfter,omitempty"`
+	CreatedBefore  *time.Time  `json:"createdBefore,omitempty"`
+	IdempotencyKey *string     `json:"idempotencyKey,omitempty"`
+}
+
+type SignalPayload struct {
+	Run *engine.RunView `json:"run"`
+	// True when the run did not take the signal (e.g. it had finished, or the signal id was seen).
+	Ignored bool    `json:"ignored"`
+	Reason  *string `json:"reason,omitempty"`
+}
+
+type StartRunInput struct {
+	// The workflow, by id or by name.
+	WorkflowID   *uuid.UUID `json:"workflowId,omitempty"`
+	WorkflowName *string    `json:"workflowName,omitempty"`
+	// A version; the latest when omitted.
+	Version        *int            `json:"version,omitempty"`
+	Input          json.RawMessage `json:"input,omitempty"`
+	IdempotencyKey *string         `json:"idempotencyKey,omitempty"`
+}
+
+type StartRunPayload struct {
+	Run *engine.RunView `json:"run"`
+	// False when the idempotency key named an existing run.
+	Created bool `json:"created"`
+}
+
+type Subscription struct {
+}
+
+// What the tenant is using now.
+type TenantUsage struct {
+	RunningRuns  int `json:"runningRuns"`
+	QueuedTasks  int `json:"queuedTasks"`
+	RunningTasks int `json:"runningTasks"`
+}
+
+type Viewer struct {
+	Subject string        `json:"subject"`
+	Kind    PrincipalKind `json:"kind"`
+	// For users.
+	Role *Role `json:"role,omitempty"`
+	// For API keys.
+	Scopes []string        `json:"scopes"`
+	Tenant *tenants.Tenant `json:"tenant"`
+}
+
+type WorkflowConnection struct {
+	Edges    []WorkflowEdge `json:"edges"`
+	PageInfo *PageInfo      `json:"pageInfo"`
+}
+
+type WorkflowEdge struct {
+	Cursor string           `json:"cursor"`
+	Node   *engine.Workflow `json:"node"`
+}
+
+type PrincipalKind string
+
+const (
+	PrincipalKindUser   PrincipalKind = "USER"
+	PrincipalKindAPIKey PrincipalKind = "API_KEY"
+)
+
+var AllPrincipalKind = []PrincipalKind{
+	PrincipalKindUser,
+	PrincipalKindAPIKey,
+}
+
+func (e PrincipalKind) IsValid() bool {
+	switch e {
+	case PrincipalKindUser, PrincipalKindAPIKey:
+		return true
+	}
+	return false
+}
+
+func (e PrincipalKind) String() string {
+	return string(e)
+}
+
+func (e *PrincipalKind) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = PrincipalKind(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid PrincipalKind", str)
+	}
+	return nil
+}
+
+func (e PrincipalKind) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *PrincipalKind) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e PrincipalKind) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type RerunMode string
+
+const (
+	RerunModeFromFailed RerunMode = "FROM_FAILED"
+	RerunModeAsNew      RerunMode = "AS_NEW"
+)
+
+var AllRerunMode = []RerunMode{
+	RerunModeFromFailed,
+	RerunModeAsNew,
+}
+
+func (e RerunMode) IsValid() bool {
+	switch e {
+	case RerunModeFromFailed, RerunModeAsNew:
+		return true
+	}
+	return false
+}
+
+func (e RerunMode) String() string {
+	return string(e)
+}
+
+func (e *RerunMode) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = RerunMode(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid RerunMode", str)
+	}
+	return nil
+}
+
+func (e RerunMode) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *RerunMode) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e RerunMode) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type Role string
+
+const (
+	RoleOwner     Role = "OWNER"
+	RoleAdmin     Role = "ADMIN"
+	RoleDeveloper Role = "DEVELOPER"
+	RoleViewer    Role = "VIEWER"
+)
+
+var AllRole = []Role{
+	RoleOwner,
+	RoleAdmin,
+	RoleDeveloper,
+	RoleViewer,
+}
+
+func (e Role) IsValid() bool {
+	switch e {
+	case RoleOwner, RoleAdmin, RoleDeveloper, RoleViewer:
+		return true
+	}
+	return false
+}
+
+func (e Role) String() string {
+	return string(e)
+}
+
+func (e *Role) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = Role(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid Role", str)
+	}
+	return nil
+}
+
+func (e Role) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *Role) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e Role) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type RunStatus string
+
+const (
+	RunStatusRunning   RunStatus = "RUNNING"
+	RunStatusCompleted RunStatus = "COMPLETED"
+	RunStatusFailed    RunStatus = "FAILED"
+	RunStatusCancelled RunStatus = "CANCELLED"
+)
+
+var AllRunStatus = []RunStatus{
+	RunStatusRunning,
+	RunStatusCompleted,
+	RunStatusFailed,
+	RunStatusCancelled,
+}
+
+func (e RunStatus) IsValid() bool {
+	switch e {
+	case RunStatusRunning, RunStatusCompleted, RunStatusFailed, RunStatusCancelled:
+		return true
+	}
+	return false
+}
+
+func (e RunStatus) String() string {
+	return string(e)
+}
+
+func (e *RunStatus) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = RunStatus(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid RunStatus", str)
+	}
+	return nil
+}
+
+func (e RunStatus) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *RunStatus) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e RunStatus) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type TaskState string
+
+const (
+	TaskStatePending   TaskState = "PENDING"
+	TaskStateRunning   TaskState = "RUNNING"
+	TaskStateWaiting   TaskState = "WAITING"
+	TaskStateCompleted TaskState = "COMPLETED"
+	TaskStateFailed    TaskState = "FAILED"
+	TaskStateSkipped   TaskState = "SKIPPED"
+	TaskStateCancelled TaskState = "CANCELLED"
+)
+
+var AllTaskState = []TaskState{
+	TaskStatePending,
+	TaskStateRunning,
+	TaskStateWaiting,
+	TaskStateCompleted,
+	TaskStateFailed,
+	TaskStateSkipped,
+	TaskStateCancelled,
+}
+
+func (e TaskState) IsValid() bool {
+	switch e {
+	case TaskStatePending, TaskStateRunning, TaskStateWaiting, TaskStateCompleted, TaskStateFailed, TaskStateSkipped, TaskStateCancelled:
+		return true
+	}
+	return false
+}
+
+func (e TaskState) String() string {
+	return string(e)
+}
+
+func (e *TaskState) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = TaskState(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid TaskState", str)
+	}
+	return nil
+}
+
+func (e TaskState) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *TaskState) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e TaskState) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/engine/taskserver"
+	"github.com/composer-dev/composer/graph"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/tenants"
@@ -37,12 +38,13 @@ type Deps struct {
 	Redis *redis.Client
 }
 
-// Open connects to PostgreSQL (both runtime roles) and Redis.
-func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool) (*Deps, error) {
+// Open connects to PostgreSQL (both runtime roles) and Redis. poolOpts
+// adjust the app role's pool (tests attach query tracers).
+func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, poolOpts ...func(*pgxpool.Config)) (*Deps, error) {
 	d := &Deps{Cfg: cfg, Log: log, DB: &tenants.DB{}}
 	if needDB {
 		var err error
-		if d.DB.App, err = pool(ctx, cfg.DatabaseURL, cfg.DBMaxConns, time.Minute); err != nil {
+		if d.DB.App, err = pool(ctx, cfg.DatabaseURL, cfg.DBMaxConns, time.Minute, poolOpts...); err != nil {
 			return nil, fmt.Errorf("COMPOSER_DATABASE_URL: %w", err)
 		}
 		// A hung background loop's transaction (e.g. an enqueuer stuck in an
@@ -68,7 +70,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool) 
 	return d, nil
 }
 
-func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration) (*pgxpool.Pool, error) {
+func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration, opts ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, errors.New("not a valid PostgreSQL URL") // never echo: it may hold a password
@@ -82,6 +84,9 @@ func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration)
 	// queries (custom plans); generic plans prune partitions at executor
 	// start instead, which measured ~30% more steps per second.
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	for _, o := range opts {
+		o(cfg)
+	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -116,6 +121,7 @@ type Server struct {
 	Sweeper     *engine.Sweeper
 	Authn       *auth.Authenticator
 	Authz       *auth.Authorizer
+	Live        *graph.Live
 	Mux         *http.ServeMux
 }
 
@@ -139,6 +145,13 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	}
 	// This process's enqueuer is woken in-process after its commits.
 	d.DB.LocalOutbox = true
+	s.Live = graph.NewLive(d.Redis, d.Cfg.RedisNamespace, d.Log.Named("live"))
+	onTransition := func(t engine.Transition) {
+		s.Live.Publish(t)
+		if o.OnTransition != nil {
+			o.OnTransition(t)
+		}
+	}
 	s.Enqueuer = outbox.New(d.DB, d.Cfg.SystemDatabaseURL, d.Redis, stream.NewNames(d.Cfg.RedisNamespace),
 		outbox.Config{PollInterval: d.Cfg.OutboxPollInterval}, d.Log.Named("outbox"))
 	var sweeper *engine.Sweeper
@@ -148,12 +161,19 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: o.OnTransition})
+		}, OnTransition: onTransition})
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
 		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
 
 	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
+	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
+		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Log: d.Log.Named("graphql")},
+		Authn:    s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
+	}))
+	if d.Cfg.Dev {
+		s.Mux.Handle("GET /playground", graph.Playground("/graphql"))
+	}
 	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.Mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -177,7 +197,8 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	srv := &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
+	go func() { defer wg.Done(); s.Live.Run(ctx) }()
 	go func() { defer wg.Done(); _ = s.Enqueuer.Run(ctx) }()
 	go func() { defer wg.Done(); _ = s.Sweeper.Run(ctx) }()
 	errc := make(chan error, 1)

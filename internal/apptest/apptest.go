@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -59,6 +61,7 @@ func Config(env *testenv.Env) config.Config {
 	c.ClaimIdle = time.Second
 	c.ShutdownTimeout = 5 * time.Second
 	c.AllowPrivateNetworks = []string{"127.0.0.0/8", "::1/128"}
+	c.JWTHS256Secret = app.DevJWTSecret
 	c.Dev = true
 	return c
 }
@@ -72,13 +75,23 @@ func Start(t testing.TB, mod ...func(*config.Config)) *System {
 // StartWith runs a system on the given services (e.g. a private Redis).
 func StartWith(t testing.TB, env *testenv.Env, mod ...func(*config.Config)) *System {
 	t.Helper()
+	return StartTraced(t, env, nil, mod...)
+}
+
+// StartTraced is StartWith with a query tracer on the app role's pool.
+func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...func(*config.Config)) *System {
+	t.Helper()
 	cfg := Config(env)
 	for _, m := range mod {
 		m(&cfg)
 	}
+	var poolOpts []func(*pgxpool.Config)
+	if tracer != nil {
+		poolOpts = append(poolOpts, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
+	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := app.Open(ctx, cfg, log, true)
+	d, err := app.Open(ctx, cfg, log, true, poolOpts...)
 	require.NoError(t, err)
 	srv, err := app.NewServer(d, app.ServerOptions{})
 	require.NoError(t, err)

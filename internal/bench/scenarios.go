@@ -32,7 +32,7 @@ const (
 )
 
 // All lists every scenario in the order they run.
-var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling}
+var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, GraphQLRuns}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -70,6 +70,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runHTTPChains(ctx, o, &rep, 16, 10, n(2000))
 		case Ceiling:
 			r, err = runCeiling(ctx, o, &rep, 16, 20, n(6000))
+		case GraphQLRuns:
+			r, err = runGraphQLRuns(ctx, o, &rep, n(1_000_000), 300)
 		}
 		if err != nil {
 			return rep, fmt.Errorf("%s: %w", name, err)
@@ -84,7 +86,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	if ceiling > 0 {
 		for i := range rep.Results {
-			if rep.Results[i].Scenario != Ceiling {
+			if rep.Results[i].Scenario != Ceiling && rep.Results[i].Steps > 0 {
 				if rep.Results[i].Extra == nil {
 					rep.Results[i].Extra = map[string]any{}
 				}

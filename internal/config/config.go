@@ -85,6 +85,10 @@ type Config struct {
 	// JWKSFile is a JSON Web Key Set document of the identity provider.
 	JWKSFile string
 
+	// AllowedOrigins are host patterns whose pages may open GraphQL
+	// subscriptions (websockets); the gateway's own host always may.
+	AllowedOrigins []string
+
 	// AllowPrivateNetworks lists CIDRs that outbound requests to tenant URLs
 	// may reach although they are private (local development and tests only).
 	AllowPrivateNetworks []string
@@ -149,6 +153,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_DEFAULT_STREAM_SHARDS", &c.DefaultStreamShards, 1, 256)
 	p.integer("COMPOSER_RETENTION_MONTHS", &c.RetentionMonths, 1, 1200)
 	p.list("COMPOSER_ALLOW_PRIVATE_NETWORKS", &c.AllowPrivateNetworks)
+	p.list("COMPOSER_ALLOWED_ORIGINS", &c.AllowedOrigins)
 	p.str("COMPOSER_JWT_ISSUER", &c.JWTIssuer)
 	p.str("COMPOSER_JWT_AUDIENCE", &c.JWTAudience)
 	p.str("COMPOSER_JWT_HS256_SECRET", &c.JWTHS256Secret)

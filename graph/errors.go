@@ -1,0 +1,53 @@
+package graph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/internal/errs"
+)
+
+// presentError maps every error to one stable code in extensions.code and a
+// message safe to show; internal causes are logged, never returned.
+// Errors gqlgen raises before execution (parse, validation, limits) keep
+// their own codes.
+func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
+	return func(ctx context.Context, err error) *gqlerror.Error {
+		var ge *gqlerror.Error
+		if errors.As(err, &ge) && ge.Err == nil && ge.Extensions != nil && ge.Extensions["code"] != nil {
+			return ge // a pre-execution error with its code
+		}
+		out := graphql.DefaultErrorPresenter(ctx, err)
+		kind := errs.KindOf(err)
+		out.Message = errs.PublicMessage(err)
+		out.Extensions = map[string]any{"code": string(kind)}
+		var e *errs.Error
+		if errors.As(err, &e) {
+			if len(e.Fields) > 0 {
+				out.Extensions["problems"] = e.Fields
+			}
+			if e.RetryAfter > 0 {
+				out.Extensions["retryAfterSeconds"] = int(e.RetryAfter.Seconds() + 0.999)
+			}
+		}
+		if kind == errs.Internal {
+			log.Error("graphql resolver failed", zap.String("path", out.Path.String()), zap.Error(err))
+		}
+		return out
+	}
+}
+
+// recoverPanic turns a resolver panic into an INTERNAL error and logs it.
+func recoverPanic(log *zap.Logger) graphql.RecoverFunc {
+	return func(ctx context.Context, p any) error {
+		log.Error("graphql resolver panicked", zap.String("panic", fmt.Sprint(p)), zap.Stack("stack"))
+		return errs.E(errs.Internal, "internal error")
+	}
+}
+
+var errLiveDown = errs.E(errs.Unavailable, "live updates are not available")

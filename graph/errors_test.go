@@ -1,0 +1,53 @@
+package graph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/stretchr/testify/assert"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/composer-dev/composer/internal/errs"
+)
+
+func TestErrorPresenterMapsKindsAndHidesInternals(t *testing.T) {
+	core, logs := observer.New(zap.ErrorLevel)
+	present := presentError(zap.New(core))
+	ctx := graphql.WithResponseContext(context.Background(), graphql.DefaultErrorPresenter, graphql.DefaultRecover)
+
+	cases := []struct {
+		err  error
+		code string
+		msg  string
+	}{
+		{errs.E(errs.NotFound, "run r1 not found"), "NOT_FOUND", "run r1 not found"},
+		{fmt.Errorf("wrapped: %w", errs.E(errs.Forbidden, "no")), "FORBIDDEN", "no"},
+		{errs.E(errs.Unauthenticated, "who?"), "UNAUTHENTICATED", "who?"},
+		{errs.E(errs.QuotaExceeded, "over"), "QUOTA_EXCEEDED", "over"},
+		{errors.New("pq: connection refused to 10.0.0.5 password=hunter2"), "INTERNAL", "internal error"},
+	}
+	for _, c := range cases {
+		got := present(ctx, c.err)
+		assert.Equal(t, c.code, got.Extensions["code"], c.err.Error())
+		assert.Equal(t, c.msg, got.Message)
+	}
+	assert.Equal(t, 1, logs.Len(), "only the internal error is logged")
+
+	limited := present(ctx, &errs.Error{Kind: errs.RateLimited, Message: "slow down", RetryAfter: 1500 * time.Millisecond})
+	assert.Equal(t, 2, limited.Extensions["retryAfterSeconds"])
+	invalid := present(ctx, &errs.Error{Kind: errs.Invalid, Message: "bad", Fields: []errs.Field{{Node: "a", Field: "if", Message: "x"}}})
+	assert.Equal(t, []errs.Field{{Node: "a", Field: "if", Message: "x"}}, invalid.Extensions["problems"])
+}
+
+func TestPanicsBecomeInternalErrors(t *testing.T) {
+	core, logs := observer.New(zap.ErrorLevel)
+	err := recoverPanic(zap.New(core))(context.Background(), "boom: secret detail")
+	assert.Equal(t, errs.Internal, errs.KindOf(err))
+	assert.NotContains(t, errs.PublicMessage(err), "secret")
+	assert.Equal(t, 1, logs.Len())
+}

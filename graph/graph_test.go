@@ -1,0 +1,484 @@
+package graph_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/coder/websocket/wsjson"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vektah/gqlparser/v2"
+	"github.com/vektah/gqlparser/v2/ast"
+
+	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/internal/app"
+	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// tenantWorld is one tenant with something of every kind.
+type tenantWorld struct {
+	id                       uuid.UUID
+	owner, developer, viewer string // tokens
+	workflow, run, key       string // ids
+	waitingRun               string // a run parked on a signal
+}
+
+const waitDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true}}]}`
+
+func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantWorld {
+	w := tenantWorld{id: tenant,
+		owner:     sys.Token(tenant, "owner@"+tenant.String(), auth.RoleOwner),
+		developer: sys.Token(tenant, "dev@"+tenant.String(), auth.RoleDeveloper),
+		viewer:    sys.Token(tenant, "viewer@"+tenant.String(), auth.RoleViewer)}
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(w.owner, `mutation($d: JSON!) { createWorkflow(input: {name: "park", definition: $d}) { workflow { id } } }`,
+		map[string]any{"d": json.RawMessage(waitDef)}).Decode(t, &created)
+	w.workflow = created.CreateWorkflow.Workflow.ID
+	var started struct {
+		StartRun struct{ Run struct{ ID string } }
+	}
+	sys.GraphQL(w.owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": w.workflow}).Decode(t, &started)
+	w.run, w.waitingRun = started.StartRun.Run.ID, started.StartRun.Run.ID
+	var key struct {
+		CreateApiKey struct {
+			ApiKey struct{ ID string }
+			Secret string
+		}
+	}
+	sys.GraphQL(w.owner, `mutation { createApiKey(input: {name: "ci", scopes: ["runs:read"]}) { apiKey { id } secret } }`, nil).Decode(t, &key)
+	w.key = key.CreateApiKey.ApiKey.ID
+	return w
+}
+
+func twoTenants(t *testing.T, mod ...func(*config.Config)) (*apptest.System, tenantWorld, tenantWorld) {
+	sys := apptest.Start(t, mod...)
+	b, err := sys.Deps.DB.Create(context.Background(), tenants.CreateParams{Name: "tenant-b"})
+	require.NoError(t, err)
+	return sys, newTenantWorld(t, sys, sys.Tenant), newTenantWorld(t, sys, b.ID)
+}
+
+// idCase is how tenant B asks for one of tenant A's objects by id.
+type idCase struct {
+	query string
+	vars  func(a tenantWorld) map[string]any
+	// listEmpty: the id filters a list, which must come back empty rather
+	// than failing.
+	listEmpty string
+}
+
+// idCases covers every argument and input field of type ID in the schema;
+// TestEveryIDFieldIsCovered fails when one is added without a case here.
+var idCases = map[string]idCase{
+	"Query.workflow.id": {query: `query($id: ID!) { workflow(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
+	"Query.run.id":      {query: `query($id: ID!) { run(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Mutation.publishWorkflowVersion.workflowId": {query: `mutation($id: ID!, $d: JSON!) { publishWorkflowVersion(workflowId: $id, definition: $d) { version } }`,
+		vars: func(a tenantWorld) map[string]any {
+			return map[string]any{"id": a.workflow, "d": json.RawMessage(waitDef)}
+		}},
+	"Mutation.cancelRun.id": {query: `mutation($id: ID!) { cancelRun(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Mutation.signalRun.id": {query: `mutation($id: ID!) { signalRun(id: $id, name: "approval", payload: {approved: true}) { ignored } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.waitingRun} }},
+	"Mutation.approve.id": {query: `mutation($id: ID!) { approve(id: $id, approved: true) { ignored } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.waitingRun} }},
+	"Mutation.rerunRun.id":     {query: `mutation($id: ID!) { rerunRun(id: $id, mode: AS_NEW) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Mutation.revokeApiKey.id": {query: `mutation($id: ID!) { revokeApiKey(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.key} }},
+	"Subscription.runUpdated.id": {query: `subscription($id: ID!) { runUpdated(id: $id) { id status } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"StartRunInput.workflowId": {query: `mutation($id: ID!) { startRun(input: {workflowId: $id}) { run { id } } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
+	"RunFilter.workflowId": {query: `query($id: ID!) { runs(filter: {workflowId: $id}) { edges { node { id } } } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }, listEmpty: "runs"},
+}
+
+// schemaIDFields lists "Type.field.arg" for every ID argument and
+// "Input.field" for every ID input field of the schema.
+func schemaIDFields(t *testing.T) []string {
+	files, err := filepath.Glob("*.graphqls")
+	require.NoError(t, err)
+	var sources []*ast.Source
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		sources = append(sources, &ast.Source{Name: f, Input: string(b)})
+	}
+	schema, gerr := gqlparser.LoadSchema(sources...)
+	require.Nil(t, gerr)
+	isID := func(ty *ast.Type) bool {
+		for ty.Elem != nil {
+			ty = ty.Elem
+		}
+		return ty.NamedType == "ID"
+	}
+	var out []string
+	for name, def := range schema.Types {
+		if strings.HasPrefix(name, "__") {
+			continue
+		}
+		for _, f := range def.Fields {
+			if def.Kind == ast.InputObject && isID(f.Type) {
+				out = append(out, name+"."+f.Name)
+			}
+			for _, a := range f.Arguments {
+				if isID(a.Type) {
+					out = append(out, name+"."+f.Name+"."+a.Name)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestEveryIDFieldIsCovered(t *testing.T) {
+	fields := schemaIDFields(t)
+	require.NotEmpty(t, fields)
+	for _, f := range fields {
+		_, ok := idCases[f]
+		assert.True(t, ok, "%s takes an id but has no cross-tenant case in idCases", f)
+	}
+	for k := range idCases {
+		assert.Contains(t, fields, k, "idCases has %s, which the schema no longer has", k)
+	}
+}
+
+// TestCrossTenantAccessIsNotFound asks, as tenant B's owner, for every one
+// of tenant A's objects by id: each is NOT_FOUND (not FORBIDDEN, which would
+// leak existence), nothing of A changes, and B's lists hold none of A's rows.
+func TestCrossTenantAccessIsNotFound(t *testing.T) {
+	t.Parallel()
+	sys, a, b := twoTenants(t)
+	for name, c := range idCases {
+		if strings.HasPrefix(name, "Subscription.") {
+			errs := subscribeErrors(t, sys, b.owner, c.query, c.vars(a))
+			require.NotEmpty(t, errs, name)
+			assert.Equal(t, "NOT_FOUND", errs[0].Code(), name)
+			continue
+		}
+		res := sys.GraphQL(b.owner, c.query, c.vars(a))
+		if c.listEmpty != "" {
+			require.Empty(t, res.Errors, name)
+			assert.NotContains(t, string(res.Data), a.run, "%s: a list showed tenant A's run", name)
+			continue
+		}
+		require.NotEmpty(t, res.Errors, "%s returned data for another tenant's object: %s", name, res.Data)
+		assert.Equal(t, []string{"NOT_FOUND"}, res.Codes(), name)
+	}
+	// A's objects are untouched.
+	var run struct{ Run struct{ Status string } }
+	sys.GraphQL(a.owner, `query($id: ID!) { run(id: $id) { status } }`, map[string]any{"id": a.run}).Decode(t, &run)
+	assert.Equal(t, "RUNNING", run.Run.Status, "the cancel did not reach A's run")
+	var keys struct {
+		ApiKeys []struct{ ID, RevokedAt *string }
+	}
+	sys.GraphQL(a.owner, `{ apiKeys { id revokedAt } }`, nil).Decode(t, &keys)
+	for _, k := range keys.ApiKeys {
+		assert.Nil(t, k.RevokedAt)
+	}
+	// B's lists contain nothing of A's.
+	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } } }`, nil)
+	require.Empty(t, res.Errors)
+	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String()} {
+		assert.NotContains(t, string(res.Data), id)
+	}
+}
+
+func TestRolesLimitWhatAPrincipalMayDo(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	mutations := map[string]string{
+		"createWorkflow": `mutation { createWorkflow(input: {name: "x", definition: {nodes: [{id: "a", type: "noop"}]}}) { workflow { id } } }`,
+		"startRun":       `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`,
+		"cancelRun":      `mutation($r: ID!) { cancelRun(id: $r) { id } }`,
+		"createApiKey":   `mutation { createApiKey(input: {name: "k", scopes: ["admin"]}) { secret } }`,
+		"addMember":      `mutation { addMember(subject: "new@x", role: VIEWER) { subject } }`,
+	}
+	vars := map[string]any{"w": a.workflow, "r": a.run}
+	for name, m := range mutations {
+		res := sys.GraphQL(a.viewer, m, vars)
+		assert.Equal(t, []string{"FORBIDDEN"}, res.Codes(), "a viewer may not %s", name)
+	}
+	for _, name := range []string{"createApiKey", "addMember"} {
+		res := sys.GraphQL(a.developer, mutations[name], vars)
+		assert.Equal(t, []string{"FORBIDDEN"}, res.Codes(), "a developer may not %s", name)
+	}
+	res := sys.GraphQL(a.developer, mutations["startRun"], vars)
+	assert.Empty(t, res.Errors, "a developer may start runs")
+	res = sys.GraphQL(a.viewer, `{ runs { edges { node { id } } } }`, nil)
+	assert.Empty(t, res.Errors, "a viewer may read")
+	res = sys.GraphQL(a.viewer, `{ apiKeys { id } }`, nil)
+	assert.Equal(t, []string{"FORBIDDEN"}, res.Codes(), "a viewer may not list keys")
+
+	// An admin cannot make an owner; an owner can.
+	admin := sys.Token(a.id, "admin@a", auth.RoleAdmin)
+	res = sys.GraphQL(admin, `mutation { addMember(subject: "boss@x", role: OWNER) { role } }`, nil)
+	assert.Equal(t, []string{"FORBIDDEN"}, res.Codes())
+	res = sys.GraphQL(a.owner, `mutation { addMember(subject: "boss@x", role: OWNER) { role } }`, nil)
+	assert.Empty(t, res.Errors)
+	// Removing the last owner is refused; a downgraded member is denied at once.
+	res = sys.GraphQL(a.owner, `mutation { changeMemberRole(subject: "dev@`+a.id.String()+`", role: VIEWER) { role } }`, nil)
+	require.Empty(t, res.Errors)
+	res = sys.GraphQL(a.developer, mutations["startRun"], vars)
+	assert.NotEmpty(t, res.Errors, "the old developer token stops working")
+}
+
+func TestValidationProblemsNameNodeAndField(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	res := sys.GraphQL(a.owner, `mutation($id: ID!) { publishWorkflowVersion(workflowId: $id, definition: {nodes: [{id: "x", type: "noop", depends_on: ["ghost"]}]}) { version } }`,
+		map[string]any{"id": a.workflow})
+	require.Len(t, res.Errors, 1)
+	assert.Equal(t, "BAD_USER_INPUT", res.Errors[0].Code())
+	problems, _ := res.Errors[0].Extensions["problems"].([]any)
+	require.Len(t, problems, 1)
+	assert.Equal(t, map[string]any{"node": "x", "field": "depends_on", "message": `unknown node "ghost"`}, problems[0])
+	res = sys.GraphQL(a.owner, `query { run(id: "not-an-id") { id } }`, nil)
+	assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes())
+	res = sys.GraphQL(a.owner, `mutation { startRun(input: {workflowName: "park", input: [1]}) { run { id } } }`, nil)
+	assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes())
+}
+
+func TestHostileRequestsAreRejectedBeforeExecution(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t, func(c *config.Config) { c.Dev = false })
+	deep := "__typename"
+	for i := 0; i < 14; i++ {
+		deep = "ofType { " + deep + " }"
+	}
+	res := sys.GraphQL(a.owner, `{ __type(name: "Run") { fields { type { `+deep+` } } } }`, nil)
+	assert.Equal(t, []string{"DEPTH_LIMIT_EXCEEDED"}, res.Codes())
+
+	res = sys.GraphQL(a.owner, `{ runs(first: 500) { edges { node { tasks { id state } timeline(first: 1000) { id kind } } } } }`, nil)
+	assert.Equal(t, []string{"COMPLEXITY_LIMIT_EXCEEDED"}, res.Codes())
+
+	var flood strings.Builder
+	flood.WriteString("mutation {")
+	for i := 0; i < 40; i++ {
+		fmt.Fprintf(&flood, ` s%d: startRun(input: {workflowName: "park"}) { run { id } }`, i)
+	}
+	flood.WriteString("}")
+	res = sys.GraphQL(a.owner, flood.String(), nil)
+	assert.Equal(t, []string{"ALIAS_LIMIT_EXCEEDED"}, res.Codes())
+	var runs struct{ Runs struct{ Edges []any } }
+	sys.GraphQL(a.owner, `{ runs(first: 100) { edges { node { id } } } }`, nil).Decode(t, &runs)
+	assert.Len(t, runs.Runs.Edges, 1, "the rejected mutations never ran")
+
+	big := fmt.Sprintf(`{"query": "{ viewer { subject } }", "variables": {"pad": %q}}`, strings.Repeat("x", 2<<20))
+	res = sys.PostGraphQL(a.owner, []byte(big))
+	assert.Equal(t, 413, res.Status)
+	res = sys.PostGraphQL(a.owner, []byte(`[{"query": "{ viewer { subject } }"}, {"query": "{ viewer { subject } }"}]`))
+	assert.NotEmpty(t, res.Errors, "batched operations are not accepted")
+
+	res = sys.GraphQL(a.owner, `{ __schema { types { name } } }`, nil)
+	assert.NotEmpty(t, res.Errors, "no introspection outside development")
+	res = sys.GraphQL(a.owner, `{ viewr { subject } }`, nil)
+	require.NotEmpty(t, res.Errors)
+	assert.NotContains(t, res.Errors[0].Message, "Did you mean", "no field suggestions outside development")
+}
+
+func TestUnauthenticatedRequestsGetNoTenant(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	for _, cred := range []string{"", "not-a-token", "cmp_bad", "Basic abc"} {
+		res := sys.GraphQL(cred, `{ viewer { subject } }`, nil)
+		assert.Equal(t, 401, res.Status, "credential %q", cred)
+		assert.Equal(t, []string{"UNAUTHENTICATED"}, res.Codes())
+	}
+	// An API key works as a principal of its tenant.
+	p, err := app.ProvisionTenant(context.Background(), sys.Deps, tenants.CreateParams{Name: "k"}, "test")
+	require.NoError(t, err)
+	var v struct{ Viewer struct{ Kind string } }
+	sys.GraphQL(p.APIKey, `{ viewer { kind } }`, nil).Decode(t, &v)
+	assert.Equal(t, "API_KEY", v.Viewer.Kind)
+}
+
+// counter counts the SQL statements of the app role's pool.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	c.n.Add(int64(d.Batch.Len()))
+	return ctx
+}
+func (c *counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestListingRunsWithTasksCostsAConstantNumberOfQueries: listing 10 or 100
+// runs with their tasks and workflows issues the same number of statements
+// (the dataloaders batch them).
+func TestListingRunsWithTasksCostsAConstantNumberOfQueries(t *testing.T) {
+	t.Parallel()
+	c := &counter{}
+	sys := apptest.StartTraced(t, testenv.New(t), c)
+	owner := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
+	wf := sys.Workflow(`{"nodes":[{"id":"a","type":"sleep","sleep":{"duration":"1h"}},{"id":"b","type":"wait","wait":{"signal":"s"}}]}`)
+	for i := 0; i < 100; i++ {
+		sys.StartRun(wf, `{}`)
+	}
+	const q = `query($n: Int!) { runs(first: $n) { edges { node { id status workflow { name } tasks { nodeId state } } } } }`
+	count := func(n int) int64 {
+		before := c.n.Load()
+		var out struct {
+			Runs struct {
+				Edges []struct{ Node struct{ Tasks []any } }
+			}
+		}
+		sys.GraphQL(owner, q, map[string]any{"n": n}).Decode(t, &out)
+		require.Len(t, out.Runs.Edges, n)
+		require.Len(t, out.Runs.Edges[0].Node.Tasks, 2)
+		return c.n.Load() - before
+	}
+	count(10) // warm the casbin rules
+	ten, hundred := count(10), count(100)
+	t.Logf("statements: %d for 10 runs, %d for 100 runs", ten, hundred)
+	assert.Equal(t, ten, hundred, "the statement count does not grow with the page")
+}
+
+// wsClient speaks graphql-transport-ws.
+type wsClient struct {
+	t    *testing.T
+	conn *websocket.Conn
+}
+
+type wsMsg struct {
+	ID      string          `json:"id,omitempty"`
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+func dialWS(t *testing.T, sys *apptest.System, credential string) *wsClient {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, strings.Replace(sys.URL, "http", "ws", 1)+"/graphql",
+		&websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.CloseNow() })
+	c := &wsClient{t: t, conn: conn}
+	init, _ := json.Marshal(map[string]string{"Authorization": "Bearer " + credential})
+	require.NoError(t, wsjson.Write(ctx, conn, wsMsg{Type: "connection_init", Payload: init}))
+	m := c.next(10 * time.Second)
+	require.Equal(t, "connection_ack", m.Type, "init answered %s %s", m.Type, m.Payload)
+	return c
+}
+
+func (c *wsClient) subscribe(id, query string, vars map[string]any) {
+	p, _ := json.Marshal(map[string]any{"query": query, "variables": vars})
+	require.NoError(c.t, wsjson.Write(context.Background(), c.conn, wsMsg{ID: id, Type: "subscribe", Payload: p}))
+}
+
+// next reads the next non-ping message, or returns an empty one on timeout.
+func (c *wsClient) next(timeout time.Duration) wsMsg {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		var m wsMsg
+		if err := wsjson.Read(ctx, c.conn, &m); err != nil {
+			return wsMsg{}
+		}
+		if m.Type == "ping" {
+			_ = wsjson.Write(ctx, c.conn, wsMsg{Type: "pong"})
+			continue
+		}
+		return m
+	}
+}
+
+func subscribeErrors(t *testing.T, sys *apptest.System, credential, query string, vars map[string]any) []apptest.GQLError {
+	c := dialWS(t, sys, credential)
+	c.subscribe("1", query, vars)
+	m := c.next(10 * time.Second)
+	var errs []apptest.GQLError
+	switch m.Type {
+	case "error":
+		require.NoError(t, json.Unmarshal(m.Payload, &errs))
+	case "next":
+		var p struct{ Errors []apptest.GQLError }
+		require.NoError(t, json.Unmarshal(m.Payload, &p))
+		errs = p.Errors
+	}
+	return errs
+}
+
+// TestSubscriptionFollowsARunToCompletionAndIsTenantScoped: runUpdated
+// delivers the run's changes until it completes; another tenant's
+// runsChanged subscriber receives nothing of it.
+func TestSubscriptionFollowsARunToCompletionAndIsTenantScoped(t *testing.T) {
+	t.Parallel()
+	sys, a, b := twoTenants(t)
+	sys.StartWorker(apptest.WorkerOptions{})
+	var started struct {
+		StartRun struct{ Run struct{ ID string } }
+	}
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "steps", definition: {nodes: [
+		{id: "ok", type: "wait", wait: {signal: "go"}}, {id: "x", type: "noop", depends_on: ["ok"]}, {id: "y", type: "noop", depends_on: ["x"]}]}}) { workflow { id } } }`, nil).Decode(t, &created)
+	sys.GraphQL(a.owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": created.CreateWorkflow.Workflow.ID}).Decode(t, &started)
+	id := started.StartRun.Run.ID
+
+	watcher := dialWS(t, sys, a.viewer)
+	watcher.subscribe("1", `subscription($id: ID!) { runUpdated(id: $id) { id status tasks { nodeId state } } }`, map[string]any{"id": id})
+	outsider := dialWS(t, sys, b.owner)
+	outsider.subscribe("1", `subscription { runsChanged { event run { id } } }`, nil)
+
+	first := watcher.next(10 * time.Second)
+	require.Equal(t, "next", first.Type, "%s", first.Payload)
+	assert.Contains(t, string(first.Payload), `"RUNNING"`)
+
+	res := sys.GraphQL(a.owner, `mutation($id: ID!) { signalRun(id: $id, name: "go") { ignored } }`, map[string]any{"id": id})
+	require.Empty(t, res.Errors)
+	var last wsMsg
+	for {
+		m := watcher.next(15 * time.Second)
+		require.NotEmpty(t, m.Type, "the subscription stalled before the run completed")
+		if m.Type == "complete" {
+			break
+		}
+		require.Equal(t, "next", m.Type, "%s", m.Payload)
+		last = m
+	}
+	assert.Contains(t, string(last.Payload), `"COMPLETED"`, "the last update is the completed run")
+	assert.Equal(t, wsMsg{}, outsider.next(time.Second), "another tenant's subscriber received nothing")
+}
+
+func TestSubscriptionsNeedCredentialsAndAnAllowedOrigin(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, _, err := websocket.Dial(ctx, strings.Replace(sys.URL, "http", "ws", 1)+"/graphql",
+		&websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}})
+	require.NoError(t, err)
+	defer conn.CloseNow()
+	init, _ := json.Marshal(map[string]string{"Authorization": "Bearer nonsense"})
+	require.NoError(t, wsjson.Write(ctx, conn, wsMsg{Type: "connection_init", Payload: init}))
+	var m wsMsg
+	err = wsjson.Read(ctx, conn, &m)
+	assert.True(t, err != nil || m.Type != "connection_ack", "a bad credential is not acknowledged")
+
+	_, resp, err := websocket.Dial(ctx, strings.Replace(sys.URL, "http", "ws", 1)+"/graphql",
+		&websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}, HTTPHeader: map[string][]string{"Origin": {"https://evil.example"}}})
+	require.Error(t, err)
+	require.NotNil(t, resp)
+	assert.Equal(t, 403, resp.StatusCode, "a page of another origin cannot open a subscription")
+}

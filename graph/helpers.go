@@ -1,0 +1,118 @@
+package graph
+
+import (
+	"context"
+	"encoding/base64"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/graph/model"
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+)
+
+func (r *Resolver) run(ctx context.Context, id uuid.UUID) (*engine.RunView, error) {
+	var run engine.RunView
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		run, err = engine.GetRun(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+func (r *Resolver) tenant(ctx context.Context) (*tenants.Tenant, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var t tenants.Tenant
+	err = r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *tenants.Tx) error {
+		t, err = tenants.Get(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// mayGrant stops an admin from making owners: only owners grant ownership.
+func mayGrant(ctx context.Context, role model.Role) error {
+	p, err := principal(ctx)
+	if err != nil {
+		return err
+	}
+	if role == model.RoleOwner && p.Kind == auth.KindUser && p.Role != auth.RoleOwner {
+		return errs.E(errs.Forbidden, "only an owner can grant the owner role")
+	}
+	return nil
+}
+
+func authRole(r model.Role) auth.Role { return auth.Role(strings.ToLower(string(r))) }
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func pageSize(first *int) (int, error) {
+	n := 50
+	if first != nil {
+		n = *first
+	}
+	if n < 1 || n > engine.MaxPage {
+		return 0, errs.E(errs.Invalid, "first must be between 1 and %d", engine.MaxPage)
+	}
+	return n, nil
+}
+
+func encodeCursor(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+func decodeCursor(c string) (string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return "", errs.E(errs.Invalid, "after: not a cursor of this list")
+	}
+	return string(b), nil
+}
+
+// send delivers v unless the subscription ended.
+func send[T any](ctx context.Context, ch chan<- T, v T) bool {
+	select {
+	case ch <- v:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// signal delivers a signal (or an approval decision) to a run and reports
+// whether the run took it.
+func (r *Resolver) signal(ctx context.Context, id uuid.UUID, s engine.Signal) (*model.SignalPayload, error) {
+	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := r.Coord.SignalRun(ctx, p.TenantID, id, s)
+	if err != nil {
+		return nil, err
+	}
+	run, err := r.run(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := &model.SignalPayload{Run: run, Ignored: ack.Ignored}
+	if ack.Reason != "" {
+		out.Reason = &ack.Reason
+	}
+	return out, nil
+}

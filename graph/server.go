@@ -1,0 +1,153 @@
+package graph
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql/handler"
+	"github.com/99designs/gqlgen/graphql/handler/extension"
+	"github.com/99designs/gqlgen/graphql/handler/lru"
+	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/99designs/gqlgen/graphql/playground"
+	"github.com/coder/websocket"
+	"github.com/vektah/gqlparser/v2/ast"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/graph/model"
+)
+
+// Options configures the gateway.
+type Options struct {
+	Resolver *Resolver
+	Authn    *auth.Authenticator
+	// Dev turns on introspection, the playground and field suggestions.
+	Dev bool
+	// AllowedOrigins are host patterns (e.g. "dashboard.example.com") whose
+	// pages may open subscriptions; the gateway's own host always may.
+	AllowedOrigins []string
+	// Limits; zero means the default.
+	MaxBodyBytes  int64         // 1 MiB
+	MaxComplexity int           // 20,000
+	MaxDepth      int           // 12
+	MaxAliases    int           // 30
+	Timeout       time.Duration // 30 s per query or mutation
+	Log           *zap.Logger
+}
+
+func (o *Options) defaults() {
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = 1 << 20
+	}
+	if o.MaxComplexity == 0 {
+		o.MaxComplexity = 20_000
+	}
+	if o.MaxDepth == 0 {
+		o.MaxDepth = 12
+	}
+	if o.MaxAliases == 0 {
+		o.MaxAliases = 30
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+}
+
+// Complexity of list fields: their page size times the cost of an item,
+// so a query's cost is known (and limited) before it runs.
+func complexity() ComplexityRoot {
+	var c ComplexityRoot
+	page := func(first *int) int {
+		if first == nil {
+			return 50
+		}
+		return max(*first, 1)
+	}
+	c.Query.Runs = func(child int, first *int, _ *string, _ *model.RunFilter) int { return 1 + page(first)*child }
+	c.Query.Workflows = func(child int, first *int, _ *string) int { return 1 + page(first)*child }
+	c.Query.APIKeys = func(child int) int { return 1 + 50*child }
+	c.Query.Members = func(child int) int { return 1 + 50*child }
+	c.Run.Tasks = func(child int) int { return 1 + 20*child }
+	c.Run.Timeline = func(child int, first *int) int {
+		if first == nil {
+			return 1 + 200*child
+		}
+		return 1 + max(*first, 1)*child
+	}
+	c.Workflow.Versions = func(child int) int { return 1 + 20*child }
+	return c
+}
+
+// NewHandler returns the GraphQL endpoint: POST for queries and mutations
+// (authenticated by the Authorization header) and websockets speaking
+// graphql-transport-ws for subscriptions (authenticated by the init
+// payload's Authorization).
+func NewHandler(o Options) http.Handler {
+	o.defaults()
+	r := o.Resolver
+	srv := handler.New(NewExecutableSchema(Config{Resolvers: r, Complexity: complexity()}))
+	srv.AddTransport(transport.Websocket{
+		Implementation:        transport.CoderWebsocketImplementation{AcceptOptions: websocket.AcceptOptions{OriginPatterns: o.AllowedOrigins}},
+		KeepAlivePingInterval: 15 * time.Second,
+		InitTimeout:           10 * time.Second,
+		InitFunc: func(ctx context.Context, p transport.InitPayload) (context.Context, *transport.InitPayload, error) {
+			principal, err := o.Authn.Authenticate(ctx, p.Authorization())
+			if err != nil {
+				return ctx, nil, err
+			}
+			ctx = auth.WithPrincipal(ctx, principal)
+			return context.WithValue(ctx, loadersKey{}, r.newLoaders()), nil, nil
+		},
+	})
+	srv.AddTransport(transport.POST{})
+	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
+	srv.SetErrorPresenter(presentError(o.Log))
+	srv.SetRecoverFunc(recoverPanic(o.Log))
+	srv.SetDisableSuggestion(!o.Dev)
+	srv.Use(extension.FixedComplexityLimit(o.MaxComplexity))
+	srv.Use(shapeLimit{maxDepth: o.MaxDepth, maxAliases: o.MaxAliases})
+	if o.Dev {
+		srv.Use(extension.Introspection{})
+	}
+
+	// Websocket upgrades authenticate in the init payload (browsers cannot
+	// set headers on them); every other request needs the header.
+	post := r.withLoaders(o.Authn.Middleware(srv))
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if isWebsocket(req) {
+			srv.ServeHTTP(w, req)
+			return
+		}
+		if req.Method != http.MethodPost {
+			writeError(w, http.StatusMethodNotAllowed, "BAD_REQUEST", "use POST, or a websocket for subscriptions")
+			return
+		}
+		if req.ContentLength > o.MaxBodyBytes {
+			writeError(w, http.StatusRequestEntityTooLarge, "BAD_REQUEST", "the request body is too large")
+			return
+		}
+		req.Body = http.MaxBytesReader(w, req.Body, o.MaxBodyBytes)
+		ctx, cancel := context.WithTimeout(req.Context(), o.Timeout)
+		defer cancel()
+		post.ServeHTTP(w, req.WithContext(ctx))
+	})
+}
+
+// Playground serves the GraphiQL playground (development only).
+func Playground(endpoint string) http.Handler { return playground.Handler("Composer", endpoint) }
+
+func isWebsocket(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"errors": []map[string]any{{"message": msg, "extensions": map[string]any{"code": code}}}})
+}
