@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -232,32 +230,8 @@ func TestRerunFromFailedNodesKeepsFinishedWork(t *testing.T) {
 // process, and lets a fresh server finish the run.
 func TestTimersSurviveTheProcessThatScheduledThem(t *testing.T) {
 	t.Parallel()
-	bin := apptest.Binary(t)
 	env := testenv.New(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	ln.Close()
-	base := "http://" + addr
-
-	cfg := apptest.Config(env)
-	cmd := exec.Command(bin, "dev")
-	cmd.Env = append((&apptest.System{Cfg: cfg, URL: base}).ProcessEnv(), "COMPOSER_HTTP_ADDR="+addr)
-	require.NoError(t, cmd.Start())
-	killed := false
-	defer func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}()
-	apptest.Eventually(t, "composer dev to serve", 30*time.Second, func() bool {
-		resp, err := http.Get(base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	base, cmd := startDev(t, env)
 	post := func(path, body string) map[string]any {
 		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
 		require.NoError(t, err)
@@ -276,7 +250,6 @@ func TestTimersSurviveTheProcessThatScheduledThem(t *testing.T) {
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
-	killed = true
 
 	sys := apptest.StartWith(t, env)
 	sys.StartWorker(apptest.WorkerOptions{})

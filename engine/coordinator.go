@@ -41,6 +41,26 @@ type Options struct {
 	// OnTransition, when set, is called after every committed transition
 	// (e.g. to publish live updates).
 	OnTransition func(Transition)
+	// Admit, when set, decides in a new run's transaction, before anything
+	// is written, whether the tenant may start it (quotas, spend caps); its
+	// error is returned as is and nothing is written.
+	Admit func(ctx context.Context, tx *tenants.Tx) error
+	// Slots, when set, enforces each tenant's running-task quota when leases
+	// are granted (see SlotGate); without it there is no such quota.
+	Slots SlotGate
+}
+
+// SlotGate is the running-task quota: a semaphore per tenant whose permits
+// are leases, given back when a lease ends and lapsing when it expires
+// (tenants.Slots).
+type SlotGate interface {
+	// Acquire takes a permit per member while the tenant holds fewer than
+	// limit; it reports which members got one and how many are held.
+	Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]bool, int, error)
+	Renew(ctx context.Context, tenant uuid.UUID, ttl time.Duration, members []string) error
+	Release(ctx context.Context, tenant uuid.UUID, members []string) error
+	// ReleaseLater is Release in the background, batched.
+	ReleaseLater(tenant uuid.UUID, members ...string)
 }
 
 // Transition describes a committed transition, for after-commit observers.
@@ -58,10 +78,11 @@ type Transition struct {
 // immutable definitions: any number of replicas may run against one
 // database. It is safe for concurrent use.
 type Coordinator struct {
-	db   *tenants.DB
-	log  *zap.Logger
-	defs *defCache
-	opts Options
+	db     *tenants.DB
+	log    *zap.Logger
+	defs   *defCache
+	opts   Options
+	limits *limitCache
 	// fault, in tests, makes persisting fail at a given action index.
 	fault func(action int) bool
 }
@@ -71,7 +92,7 @@ func NewCoordinator(db *tenants.DB, o Options) *Coordinator {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o}
+	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o, limits: newLimitCache(db)}
 }
 
 // Ack answers a report or command. Ignored events are acknowledged too:
@@ -131,28 +152,32 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		runID := uuid.Must(uuid.NewV7())
 		if req.IdempotencyKey != "" {
 			h := requestHash(wid, req.Version, input)
-			var existing uuid.UUID
-			var existingHash []byte
+			// A repeat returns the run it named, admitted or not today.
+			if done, err := existingRun(ctx, tx, req.IdempotencyKey, h, &out); done || err != nil {
+				return err
+			}
+			if c.opts.Admit != nil {
+				if err := c.opts.Admit(ctx, tx); err != nil {
+					return err
+				}
+			}
+			var claimed uuid.UUID
 			err := tx.QueryRow(ctx, `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
-				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`, tenant, req.IdempotencyKey, runID, h).Scan(&existing)
+				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`, tenant, req.IdempotencyKey, runID, h).Scan(&claimed)
 			if errors.Is(err, pgx.ErrNoRows) {
-				// Taken, possibly by a start that committed while we waited.
-				if err := tx.QueryRow(ctx, `SELECT run_id, request_hash FROM run_idempotency_keys WHERE tenant_id = $1 AND key = $2`,
-					tenant, req.IdempotencyKey).Scan(&existing, &existingHash); err != nil {
-					return fmt.Errorf("read idempotency key: %w", err)
+				// Taken by a start that committed while we waited on the key.
+				done, err := existingRun(ctx, tx, req.IdempotencyKey, h, &out)
+				if err == nil && !done {
+					err = errs.E(errs.Conflict, "idempotency key %q names a run that no longer exists", req.IdempotencyKey)
 				}
-				if string(existingHash) != string(h) {
-					return errs.E(errs.Conflict, "idempotency key %q was already used with a different workflow or input", req.IdempotencyKey)
-				}
-				var status string
-				if err := tx.QueryRow(ctx, `SELECT status FROM workflow_runs WHERE tenant_id = $1 AND id = $2`, tenant, existing).Scan(&status); err != nil {
-					return fmt.Errorf("read existing run: %w", err)
-				}
-				out = Started{RunID: existing, Status: sm.RunStatus(status)}
-				return nil
+				return err
 			}
 			if err != nil {
 				return fmt.Errorf("claim idempotency key: %w", err)
+			}
+		} else if c.opts.Admit != nil {
+			if err := c.opts.Admit(ctx, tx); err != nil {
+				return err
 			}
 		}
 		def, err := c.defs.load(ctx, tx, wid, version)
@@ -187,6 +212,29 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		return Started{}, err
 	}
 	return out, nil
+}
+
+// existingRun reads the run an idempotency key already names into out; it
+// reports false when the key is free, and Conflict when it was used with
+// other parameters.
+func existingRun(ctx context.Context, tx *tenants.Tx, key string, hash []byte, out *Started) (bool, error) {
+	var id uuid.UUID
+	var have []byte
+	var status string
+	err := tx.QueryRow(ctx, `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
+		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
+		WHERE k.tenant_id = $1 AND k.key = $2`, tx.Tenant, key).Scan(&id, &have, &status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read idempotency key: %w", err)
+	}
+	if string(have) != string(hash) {
+		return false, errs.E(errs.Conflict, "idempotency key %q was already used with a different workflow or input", key)
+	}
+	*out = Started{RunID: id, Status: sm.RunStatus(status)}
+	return true, nil
 }
 
 func normalizeInput(in json.RawMessage) (json.RawMessage, error) {
@@ -533,6 +581,11 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uui
 	tenant := tx.Tenant
 	dispatched, fresh := p.dispatched, p.fresh
 	tx.AfterCommit(func() {
+		if ref.owner != "" && ref.task != uuid.Nil && c.opts.Slots != nil {
+			// A worker's result ended its lease: its quota permit goes back.
+			// (Lost, it lapses with the lease TTL.)
+			c.opts.Slots.ReleaseLater(tenant, tenants.SlotMember(ref.task, ref.attempt, ref.owner))
+		}
 		if len(fresh) > 0 {
 			c.opts.PublishNow(context.WithoutCancel(ctx), fresh)
 		}
@@ -551,6 +604,7 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uui
 		if timers && c.opts.WakeTimers != nil {
 			c.opts.WakeTimers()
 		}
+		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal)
 		if terminal {
 			c.log.Info("run finished", zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("status", string(tr.Status)))
 		} else if ce := c.log.Check(zap.DebugLevel, "transition"); ce != nil {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
 )
 
 // LeaseRequest names one attempt of one task a worker wants to run.
@@ -51,13 +54,19 @@ func checkLease(owner string, ttl time.Duration, n int) error {
 }
 
 // AcquireLeases leases pending tasks of running runs to owner, in one
-// conditional UPDATE on the database clock: a task already leased or
-// finished, a stale attempt, or a run that is no longer running is not
-// acquired — the worker drops that message. A lease never goes through the
-// run lock: it changes no decision of the state machine.
-func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Lease, error) {
+// round trip of conditional UPDATEs on the database clock: a task already
+// leased or finished, a stale attempt, or a run that is no longer running
+// is not acquired — the worker drops that message. A lease never goes
+// through the run lock: it changes no decision of the state machine.
+//
+// The tenant's running-task quota comes first: each request needs a
+// permit from the slot gate, taken before the lease transaction and given
+// back when the lease is not granted, so live leases never outnumber
+// permits. A request refused for quota is not acquired either, and the
+// returned Quota tells the worker the tenant is full.
+func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Lease, Quota, error) {
 	if err := checkLease(owner, ttl, len(reqs)); err != nil {
-		return nil, err
+		return nil, Quota{}, err
 	}
 	out := make([]Lease, len(reqs))
 	idx := map[uuid.UUID][]int{}
@@ -65,11 +74,36 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		out[i] = Lease{TaskID: r.TaskID}
 		idx[r.TaskID] = append(idx[r.TaskID], i)
 	}
+	var q Quota
+	permitted := make([]bool, len(reqs))
+	for i := range permitted {
+		permitted[i] = true
+	}
+	var members []string
+	if c.opts.Slots != nil {
+		limit, err := c.limits.get(ctx, tenant)
+		if err != nil {
+			return nil, Quota{}, err
+		}
+		if limit > 0 {
+			members = make([]string, len(reqs))
+			for i, r := range reqs {
+				members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
+			}
+			if permitted, q.Running, err = c.opts.Slots.Acquire(ctx, tenant, limit, ttl, members); err != nil {
+				return nil, Quota{}, err
+			}
+			q.Limit = limit
+		}
+	}
 	// One primary-key UPDATE per request, all in one implicit transaction
 	// and one round trip. (A single UPDATE ... FROM unnest(...) is planned,
 	// as a generic plan, as a join over every pending task of the tenant.)
 	b := &pgx.Batch{}
 	for i, r := range reqs {
+		if !permitted[i] {
+			continue
+		}
 		b.Queue(`UPDATE task_instances t
 			   SET state = 'running', lease_owner = $5, lease_expires_at = now() + make_interval(secs => $6),
 			       started_at = now(), updated_at = now()
@@ -91,15 +125,50 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 			return err
 		})
 	}
-	err := c.db.Pipeline(ctx, tenant, b)
-	if err != nil {
-		err = fmt.Errorf("acquire leases: %w", err)
+	var err error
+	if b.Len() > 0 {
+		if err = c.db.Pipeline(ctx, tenant, b); err != nil {
+			err = fmt.Errorf("acquire leases: %w", err)
+		}
+	}
+	if members != nil {
+		// Permits whose lease was not granted go back (all of them when the
+		// transaction failed).
+		kept := map[string]bool{}
+		for i, m := range members {
+			if err == nil && out[i].Acquired {
+				kept[m] = true
+			}
+		}
+		var unused []string
+		for i, m := range members {
+			if permitted[i] && !kept[m] {
+				kept[m] = true // once: a duplicate request named the same permit
+				unused = append(unused, m)
+			}
+		}
+		if len(unused) > 0 {
+			if rerr := c.opts.Slots.Release(context.WithoutCancel(ctx), tenant, unused); rerr != nil {
+				c.log.Warn("giving back quota permits failed; they lapse with the lease TTL", zap.Error(rerr))
+			}
+			q.Running -= len(unused)
+		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, Quota{}, err
 	}
-	return out, nil
+	return out, q, nil
 }
+
+// Quota is a tenant's running-task quota as a lease call left it: Limit 0
+// means unlimited.
+type Quota struct {
+	Limit   int
+	Running int
+}
+
+// Full reports whether no slot is free.
+func (q Quota) Full() bool { return q.Limit > 0 && q.Running >= q.Limit }
 
 // Renewal answers one renewal: Held is false when the lease is gone — it
 // expired and was taken away, the task finished, or the run was cancelled —
@@ -132,12 +201,63 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 			return err
 		})
 	}
-	err := c.db.Pipeline(ctx, tenant, b)
-	if err != nil {
-		err = fmt.Errorf("renew leases: %w", err)
+	if err := c.db.Pipeline(ctx, tenant, b); err != nil {
+		return nil, fmt.Errorf("renew leases: %w", err)
 	}
-	if err != nil {
-		return nil, err
+	if c.opts.Slots != nil {
+		var held []string
+		for i, r := range reqs {
+			if out[i].Held {
+				held = append(held, tenants.SlotMember(r.TaskID, r.Attempt, owner))
+			}
+		}
+		// The permits follow the leases. A failure here is not the
+		// worker's: its leases were renewed; the permits lapse at their
+		// old expiry at worst, so the quota errs on the side of admitting.
+		if err := c.opts.Slots.Renew(ctx, tenant, ttl, held); err != nil {
+			c.log.Warn("renewing quota permits failed", zap.Error(err))
+		}
 	}
 	return out, nil
+}
+
+// limitCache remembers tenants' running-task limits for a few seconds: the
+// lease path asks for every batch, and limits change rarely (a change
+// applies within limitTTL).
+type limitCache struct {
+	db *tenants.DB
+	mu sync.Mutex
+	m  map[uuid.UUID]cachedLimit
+}
+
+type cachedLimit struct {
+	limit int
+	at    time.Time
+}
+
+const limitTTL = 5 * time.Second
+
+func newLimitCache(db *tenants.DB) *limitCache {
+	return &limitCache{db: db, m: map[uuid.UUID]cachedLimit{}}
+}
+
+func (l *limitCache) get(ctx context.Context, tenant uuid.UUID) (int, error) {
+	l.mu.Lock()
+	c, ok := l.m[tenant]
+	l.mu.Unlock()
+	if ok && time.Since(c.at) < limitTTL {
+		return c.limit, nil
+	}
+	var limit int
+	err := l.db.System.QueryRow(ctx, `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`, tenant).Scan(&limit)
+	if err != nil {
+		return 0, fmt.Errorf("running-task limit: %w", err)
+	}
+	l.mu.Lock()
+	if len(l.m) > 100_000 {
+		clear(l.m)
+	}
+	l.m[tenant] = cachedLimit{limit: limit, at: time.Now()}
+	l.mu.Unlock()
+	return limit, nil
 }

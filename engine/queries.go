@@ -321,3 +321,18 @@ func TenantUsage(ctx context.Context, tx *tenants.Tx) (Usage, error) {
 	}
 	return u, nil
 }
+
+// QueuedTasksAtLeast reports whether the tenant has at least n tasks
+// waiting for a worker (counting no further than n).
+func QueuedTasksAtLeast(ctx context.Context, tx *tenants.Tx, n int) (bool, error) {
+	if n <= 0 {
+		return false, nil
+	}
+	var have int
+	err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM task_instances WHERE tenant_id = $1 AND state = 'pending' LIMIT $2) q`,
+		tx.Tenant, n).Scan(&have)
+	if err != nil {
+		return false, fmt.Errorf("queued tasks: %w", err)
+	}
+	return have >= n, nil
+}

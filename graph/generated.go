@@ -189,10 +189,19 @@ type ComplexityRoot struct {
 	Tenant struct {
 		CreatedAt    func(childComplexity int) int
 		ID           func(childComplexity int) int
+		Limits       func(childComplexity int) int
 		Name         func(childComplexity int) int
 		Plan         func(childComplexity int) int
 		StreamShards func(childComplexity int) int
 		Usage        func(childComplexity int) int
+	}
+
+	TenantLimits struct {
+		MaxQueuedTasks  func(childComplexity int) int
+		MaxRunningTasks func(childComplexity int) int
+		StartBurst      func(childComplexity int) int
+		StartsPerSecond func(childComplexity int) int
+		Weight          func(childComplexity int) int
 	}
 
 	TenantUsage struct {
@@ -286,6 +295,7 @@ type TaskResolver interface {
 	State(ctx context.Context, obj *engine.TaskView) (model.TaskState, error)
 }
 type TenantResolver interface {
+	Limits(ctx context.Context, obj *tenants.Tenant) (*tenants.Limits, error)
 	Usage(ctx context.Context, obj *tenants.Tenant) (*model.TenantUsage, error)
 }
 type ViewerResolver interface {
@@ -961,6 +971,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Tenant.ID(childComplexity), true
+	case "Tenant.limits":
+		if e.ComplexityRoot.Tenant.Limits == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tenant.Limits(childComplexity), true
 	case "Tenant.name":
 		if e.ComplexityRoot.Tenant.Name == nil {
 			break
@@ -985,6 +1001,37 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Tenant.Usage(childComplexity), true
+
+	case "TenantLimits.maxQueuedTasks":
+		if e.ComplexityRoot.TenantLimits.MaxQueuedTasks == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.MaxQueuedTasks(childComplexity), true
+	case "TenantLimits.maxRunningTasks":
+		if e.ComplexityRoot.TenantLimits.MaxRunningTasks == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.MaxRunningTasks(childComplexity), true
+	case "TenantLimits.startBurst":
+		if e.ComplexityRoot.TenantLimits.StartBurst == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.StartBurst(childComplexity), true
+	case "TenantLimits.startsPerSecond":
+		if e.ComplexityRoot.TenantLimits.StartsPerSecond == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.StartsPerSecond(childComplexity), true
+	case "TenantLimits.weight":
+		if e.ComplexityRoot.TenantLimits.Weight == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.Weight(childComplexity), true
 
 	case "TenantUsage.queuedTasks":
 		if e.ComplexityRoot.TenantUsage.QueuedTasks == nil {
@@ -1488,10 +1535,28 @@ func (ec *executionContext) childFields_Tenant(ctx context.Context, field graphq
 		return ec.fieldContext_Tenant_streamShards(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Tenant_createdAt(ctx, field)
+	case "limits":
+		return ec.fieldContext_Tenant_limits(ctx, field)
 	case "usage":
 		return ec.fieldContext_Tenant_usage(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Tenant", field.Name)
+}
+
+func (ec *executionContext) childFields_TenantLimits(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "maxRunningTasks":
+		return ec.fieldContext_TenantLimits_maxRunningTasks(ctx, field)
+	case "startsPerSecond":
+		return ec.fieldContext_TenantLimits_startsPerSecond(ctx, field)
+	case "startBurst":
+		return ec.fieldContext_TenantLimits_startBurst(ctx, field)
+	case "maxQueuedTasks":
+		return ec.fieldContext_TenantLimits_maxQueuedTasks(ctx, field)
+	case "weight":
+		return ec.fieldContext_TenantLimits_weight(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type TenantLimits", field.Name)
 }
 
 func (ec *executionContext) childFields_TenantUsage(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4913,6 +4978,38 @@ func (ec *executionContext) fieldContext_Tenant_createdAt(_ context.Context, fie
 	return graphql.NewScalarFieldContext("Tenant", field, false, false, "Time")
 }
 
+func (ec *executionContext) _Tenant_limits(ctx context.Context, field graphql.CollectedField, obj *tenants.Tenant) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tenant_limits(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Tenant().Limits(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *tenants.Limits) graphql.Marshaler {
+			return ec.marshalNTenantLimits2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐLimits(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tenant_limits(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Tenant",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_TenantLimits(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Tenant_usage(ctx context.Context, field graphql.CollectedField, obj *tenants.Tenant) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -4943,6 +5040,121 @@ func (ec *executionContext) fieldContext_Tenant_usage(_ context.Context, field g
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _TenantLimits_maxRunningTasks(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_maxRunningTasks(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MaxRunningTasks, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_maxRunningTasks(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
+}
+
+func (ec *executionContext) _TenantLimits_startsPerSecond(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_startsPerSecond(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartsPerSecond, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v float64) graphql.Marshaler {
+			return ec.marshalNFloat2float64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_startsPerSecond(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Float")
+}
+
+func (ec *executionContext) _TenantLimits_startBurst(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_startBurst(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartBurst, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_startBurst(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
+}
+
+func (ec *executionContext) _TenantLimits_maxQueuedTasks(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_maxQueuedTasks(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MaxQueuedTasks, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_maxQueuedTasks(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
+}
+
+func (ec *executionContext) _TenantLimits_weight(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_weight(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Weight, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_weight(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
 }
 
 func (ec *executionContext) _TenantUsage_runningRuns(ctx context.Context, field graphql.CollectedField, obj *model.TenantUsage) (ret graphql.Marshaler) {
@@ -7877,12 +8089,71 @@ func (ec *executionContext) _Tenant(ctx context.Context, sel ast.SelectionSet, o
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "limits":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Tenant_limits(ctx, field, obj)
+				})
 		case "usage":
 			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Tenant_usage(ctx, field, obj)
 				})
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var tenantLimitsImplementors = []string{"TenantLimits"}
+
+func (ec *executionContext) _TenantLimits(ctx context.Context, sel ast.SelectionSet, obj *tenants.Limits) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, tenantLimitsImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("TenantLimits")
+		case "maxRunningTasks":
+			out.Values[i] = ec._TenantLimits_maxRunningTasks(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "startsPerSecond":
+			out.Values[i] = ec._TenantLimits_startsPerSecond(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "startBurst":
+			out.Values[i] = ec._TenantLimits_startBurst(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "maxQueuedTasks":
+			out.Values[i] = ec._TenantLimits_maxQueuedTasks(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "weight":
+			out.Values[i] = ec._TenantLimits_weight(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -8621,6 +8892,20 @@ func (ec *executionContext) marshalNCreateWorkflowPayload2ᚖgithubᚗcomᚋcomp
 	return ec._CreateWorkflowPayload(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNFloat2float64(ctx context.Context, v any) (float64, error) {
+	res, err := graphql.UnmarshalFloatContext(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNFloat2float64(ctx context.Context, sel ast.SelectionSet, v float64) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalFloatContext(v)
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "Float!")
+	}
+	return graphql.WrapContextMarshaler(ctx, res)
+}
+
 func (ec *executionContext) unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx context.Context, v any) (uuid.UUID, error) {
 	res, err := model.UnmarshalUUID(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -8911,6 +9196,14 @@ func (ec *executionContext) marshalNTenant2ᚖgithubᚗcomᚋcomposerᚑdevᚋco
 		return graphql.Null
 	}
 	return ec._Tenant(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNTenantLimits2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐLimits(ctx context.Context, sel ast.SelectionSet, v *tenants.Limits) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "TenantLimits!")
+		return graphql.Null
+	}
+	return ec._TenantLimits(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNTenantUsage2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐTenantUsage(ctx context.Context, sel ast.SelectionSet, v *model.TenantUsage) graphql.Marshaler {

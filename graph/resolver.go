@@ -11,6 +11,8 @@ package graph
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -26,7 +28,9 @@ type Resolver struct {
 	Coord *engine.Coordinator
 	Authz *auth.Authorizer
 	Live  *Live
-	Log   *zap.Logger
+	// Limiter shapes run starts per tenant; nil starts are not rate limited.
+	Limiter *tenants.RateLimiter
+	Log     *zap.Logger
 }
 
 func principal(ctx context.Context) (auth.Principal, error) {
@@ -60,4 +64,34 @@ func (r *Resolver) authorize(ctx context.Context, action auth.Action) (auth.Prin
 		return p, err
 	}
 	return p, r.inTenant(ctx, action, func(context.Context, *tenants.Tx) error { return nil })
+}
+
+// admitStart authorizes a run start and takes it from the tenant's
+// token bucket: RATE_LIMITED with a retry-after hint when empty. If the
+// limiter itself fails the start proceeds (the quota checks in the start's
+// transaction still apply).
+func (r *Resolver) admitStart(ctx context.Context) (auth.Principal, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return p, err
+	}
+	var limits tenants.Limits
+	err = r.inTenant(ctx, auth.ActionRunsWrite, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		limits, err = tenants.EffectiveLimits(ctx, tx)
+		return err
+	})
+	if err != nil || r.Limiter == nil {
+		return p, err
+	}
+	wait, err := r.Limiter.Allow(ctx, p.TenantID, limits.StartsPerSecond, limits.StartBurst)
+	if err != nil {
+		r.Log.Warn("rate limiter unavailable; admitting the start", zap.Error(err))
+		return p, nil
+	}
+	if wait > 0 {
+		return p, &errs.Error{Kind: errs.RateLimited, RetryAfter: wait,
+			Message: fmt.Sprintf("run starts are limited to %g per second (burst %d); retry in %s", limits.StartsPerSecond, limits.StartBurst, wait.Round(time.Millisecond))}
+	}
+	return p, nil
 }

@@ -63,7 +63,7 @@ func (r *mutationResolver) PublishWorkflowVersion(ctx context.Context, workflowI
 
 // StartRun is the resolver for the startRun field.
 func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInput) (*model.StartRunPayload, error) {
-	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	p, err := r.admitStart(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +133,9 @@ func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *mod
 		return nil, err
 	}
 	if mode != nil && *mode == model.RerunModeAsNew {
+		if _, err := r.admitStart(ctx); err != nil {
+			return nil, err
+		}
 		res, err := r.Coord.RerunAsNew(ctx, p.TenantID, id)
 		if err != nil {
 			return nil, err
@@ -487,6 +490,20 @@ func (r *subscriptionResolver) RunsChanged(ctx context.Context) (<-chan *model.R
 // State is the resolver for the state field.
 func (r *taskResolver) State(ctx context.Context, obj *engine.TaskView) (model.TaskState, error) {
 	return model.TaskState(strings.ToUpper(obj.State)), nil
+}
+
+// Limits is the resolver for the limits field.
+func (r *tenantResolver) Limits(ctx context.Context, obj *tenants.Tenant) (*tenants.Limits, error) {
+	var l tenants.Limits
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		l, err = tenants.EffectiveLimits(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &l, nil
 }
 
 // Usage is the resolver for the usage field.

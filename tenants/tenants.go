@@ -260,6 +260,11 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 	return runHooks(tx)
 }
 
+func isFKViolation(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "23503"
+}
+
 func retryable(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01")
@@ -329,8 +334,12 @@ func (db *DB) Create(ctx context.Context, p CreateParams, then ...func(ctx conte
 	}
 	t := Tenant{ID: uuid.Must(uuid.NewV7()), Name: p.Name, Plan: p.Plan, StreamShards: p.StreamShards}
 	err := db.WithSystem(ctx, func(ctx context.Context, tx *Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO tenants (id, name, plan, stream_shards) VALUES ($1, $2, $3, $4)
-			RETURNING created_at`, t.ID, t.Name, t.Plan, t.StreamShards).Scan(&t.CreatedAt); err != nil {
+		err := tx.QueryRow(ctx, `INSERT INTO tenants (id, name, plan, stream_shards) VALUES ($1, $2, $3, $4)
+			RETURNING created_at`, t.ID, t.Name, t.Plan, t.StreamShards).Scan(&t.CreatedAt)
+		if isFKViolation(err) {
+			return errs.E(errs.Invalid, "no plan named %q", t.Plan)
+		}
+		if err != nil {
 			return err
 		}
 		scoped := &Tx{Tenant: t.ID, conn: tx.conn, begun: tx.begun}
@@ -361,18 +370,26 @@ func Get(ctx context.Context, tx *Tx) (Tenant, error) {
 	return t, nil
 }
 
-// StreamShards returns the shard count of each given tenant (system role).
-func (db *DB) StreamShards(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]int, error) {
-	rows, err := db.System.Query(ctx, `SELECT id, stream_shards FROM tenants WHERE id = ANY($1)`, ids)
+// Route is how a tenant's work is spread and weighed.
+type Route struct {
+	Shards int
+	Weight int
+}
+
+// Routes returns each given tenant's shard count and scheduling weight
+// (system role).
+func (db *DB) Routes(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]Route, error) {
+	rows, err := db.System.Query(ctx, `SELECT id, stream_shards, coalesce(composer_tenant_limit(id, 'weight'), 1)
+		FROM tenants WHERE id = ANY($1)`, ids)
 	if err != nil {
-		return nil, fmt.Errorf("tenant shards: %w", err)
+		return nil, fmt.Errorf("tenant routes: %w", err)
 	}
-	out := make(map[uuid.UUID]int, len(ids))
+	out := make(map[uuid.UUID]Route, len(ids))
 	var id uuid.UUID
-	var n int
-	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil })
+	var r Route
+	_, err = pgx.ForEachRow(rows, []any{&id, &r.Shards, &r.Weight}, func() error { out[id] = r; return nil })
 	if err != nil {
-		return nil, fmt.Errorf("tenant shards: %w", err)
+		return nil, fmt.Errorf("tenant routes: %w", err)
 	}
 	return out, nil
 }

@@ -51,9 +51,10 @@ func TestWithTenantScopesAndCommitsHooksOnlyOnCommit(t *testing.T) {
 	err = db.WithTenant(ctx, uuid.Nil, func(context.Context, *tenants.Tx) error { return nil })
 	assert.True(t, errors.Is(err, errs.Unauthenticated), "no tenant, no transaction")
 
-	shards, err := db.StreamShards(ctx, []uuid.UUID{a.ID, b.ID})
+	routes, err := db.Routes(ctx, []uuid.UUID{a.ID, b.ID})
 	require.NoError(t, err)
-	assert.Equal(t, map[uuid.UUID]int{a.ID: tenants.DefaultShards, b.ID: 8}, shards)
+	assert.Equal(t, map[uuid.UUID]tenants.Route{a.ID: {Shards: tenants.DefaultShards, Weight: 1}, b.ID: {Shards: 8, Weight: 4}}, routes,
+		"weights come from the plan (free 1, pro 4)")
 }
 
 func TestCreateValidates(t *testing.T) {

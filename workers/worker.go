@@ -139,8 +139,8 @@ type Worker struct {
 	wakeMu sync.Mutex
 	wakes  map[string]chan struct{}
 
-	tenantsMu sync.Mutex
-	tenants   map[string][]tenantShards // queue -> discovered tenants
+	// scheds picks, per queue, whose messages to read next.
+	scheds map[string]*queueSched
 
 	// pauseRenewals, in tests, stops renewing (a worker frozen by a GC
 	// pause or SIGSTOP as far as the server can tell).
@@ -150,6 +150,7 @@ type Worker struct {
 type tenantShards struct {
 	tenant uuid.UUID
 	shards int
+	weight int
 }
 
 type execution struct {
@@ -168,9 +169,10 @@ func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[strin
 	w := &Worker{cfg: cfg, rdb: rdb, names: stream.NewNames(cfg.Namespace), api: api, exec: executors,
 		log: log.With(zap.String("worker_id", cfg.WorkerID)), slots: make(chan struct{}, cfg.Concurrency),
 		freed: make(chan struct{}, 1), inflight: map[uuid.UUID]*execution{}, wakes: map[string]chan struct{}{},
-		tenants: map[string][]tenantShards{}}
+		scheds: map[string]*queueSched{}}
 	for _, q := range cfg.Queues {
 		w.wakes[q] = make(chan struct{}, 1)
+		w.scheds[q] = newQueueSched(cfg.Concurrency, cfg.IdlePoll)
 	}
 	return w
 }
@@ -223,6 +225,14 @@ func (w *Worker) takeSlots(n int) int {
 	return got
 }
 
+// releaseFor returns the slot a message held.
+func (w *Worker) releaseFor(m stream.Message) {
+	if s := w.scheds[m.Queue]; s != nil {
+		s.release(m.Tenant)
+	}
+	w.releaseSlot()
+}
+
 func (w *Worker) releaseSlot() {
 	<-w.slots
 	select {
@@ -253,8 +263,8 @@ func (w *Worker) wakeLoop(ctx context.Context) {
 					break recv
 				}
 				q := byChannel[m.Channel]
-				if t, n, err := stream.ParseActiveMember(m.Payload); err == nil {
-					w.learn(q, tenantShards{tenant: t, shards: n})
+				if t, n, weight, err := stream.ParseActiveMember(m.Payload); err == nil {
+					w.scheds[q].woke(tenantShards{tenant: t, shards: n, weight: weight})
 				}
 				w.wake(q)
 			}
@@ -271,113 +281,6 @@ func (w *Worker) wake(queue string) {
 		select {
 		case ch <- struct{}{}:
 		default:
-		}
-	}
-}
-
-// learn adds a tenant announced by a wake-up to a queue's tenants.
-func (w *Worker) learn(queue string, t tenantShards) {
-	w.tenantsMu.Lock()
-	defer w.tenantsMu.Unlock()
-	for i, have := range w.tenants[queue] {
-		if have.tenant == t.tenant {
-			w.tenants[queue][i].shards = max(have.shards, t.shards)
-			return
-		}
-	}
-	w.tenants[queue] = append(w.tenants[queue], t)
-}
-
-func (w *Worker) known(queue string) []tenantShards {
-	w.tenantsMu.Lock()
-	defer w.tenantsMu.Unlock()
-	return append([]tenantShards(nil), w.tenants[queue]...)
-}
-
-// discover refreshes the tenants with recent work on a queue from the
-// active set (no key scans).
-func (w *Worker) discover(ctx context.Context, queue string) []tenantShards {
-	min := time.Now().Add(-w.cfg.ActiveWindow).UnixMilli()
-	members, err := w.rdb.ZRangeByScore(ctx, w.names.Active(queue), &redis.ZRangeBy{Min: fmt.Sprint(min), Max: "+inf"}).Result()
-	if err != nil {
-		w.log.Warn("discovering tenants failed", zap.String("queue", queue), zap.Error(err))
-		return w.known(queue)
-	}
-	byTenant := map[uuid.UUID]int{}
-	for _, m := range members {
-		t, n, err := stream.ParseActiveMember(m)
-		if err != nil {
-			continue
-		}
-		byTenant[t] = max(byTenant[t], n) // after a shard change, read every shard that may hold work
-	}
-	out := make([]tenantShards, 0, len(byTenant))
-	for t, n := range byTenant {
-		out = append(out, tenantShards{tenant: t, shards: n})
-	}
-	w.tenantsMu.Lock()
-	defer w.tenantsMu.Unlock()
-	// Keep tenants learnt from wake-ups since the read began.
-	for _, have := range w.tenants[queue] {
-		if _, ok := byTenant[have.tenant]; !ok && have.shards > 0 {
-			out = append(out, have)
-		}
-	}
-	w.tenants[queue] = out
-	return out
-}
-
-// readLoop reads new messages of one queue, round-robin over its tenants,
-// never more than the free slots.
-func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
-	var tenants []tenantShards
-	var lastDiscover time.Time
-	next := 0
-	for ctx.Err() == nil {
-		if time.Since(lastDiscover) > 5*time.Second {
-			w.discover(ctx, queue)
-			lastDiscover = time.Now()
-		}
-		tenants = w.known(queue)
-		got := 0
-		for i := 0; i < len(tenants) && ctx.Err() == nil; i++ {
-			t := tenants[(next+i)%len(tenants)]
-			free := w.takeSlots(w.cfg.Concurrency)
-			if free == 0 {
-				break
-			}
-			msgs := w.read(ctx, queue, t, free)
-			for range free - len(msgs) {
-				w.releaseSlot()
-			}
-			got += len(msgs)
-			if len(msgs) > 0 {
-				// The slots are already taken for these messages, so leasing
-				// them off the read loop keeps the hand-off bounded while the
-				// loop reads on.
-				w.running.Add(1)
-				go func() { defer w.running.Done(); w.dispatch(execCtx, msgs) }()
-			}
-		}
-		next++
-		if ctx.Err() != nil {
-			return
-		}
-		if w.takeSlots(1) == 0 {
-			// Every slot is busy: wait for one to free.
-			select {
-			case <-ctx.Done():
-			case <-w.freed:
-			}
-			continue
-		}
-		w.releaseSlot()
-		if got == 0 {
-			select {
-			case <-ctx.Done():
-			case <-w.wakes[queue]:
-			case <-time.After(w.cfg.IdlePoll):
-			}
 		}
 	}
 }
@@ -502,9 +405,11 @@ func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
 	}
 }
 
-// dispatch leases a batch of messages in one call and starts each acquired
-// task in the slot taken for it; the rest are duplicates or stale and are
-// dropped.
+// dispatch leases a batch of messages of one tenant in one call and starts
+// each acquired task in the slot taken for it. A message not acquired
+// because the tenant's quota is full is held (it stays in this worker's
+// pending list) and retried when the tenant has room; any other is a
+// duplicate or stale and is dropped.
 func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 	refs := make([]taskapi.Ref, len(msgs))
 	for i, m := range msgs {
@@ -517,20 +422,32 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 		// Leave the messages pending: they are reclaimed later, by this
 		// worker or another.
 		w.log.Warn("acquiring leases failed", zap.Int("messages", len(msgs)), zap.Error(err))
-		for range msgs {
-			w.releaseSlot()
+		for _, m := range msgs {
+			w.releaseFor(m)
 		}
 		time.Sleep(200 * time.Millisecond)
 		return
 	}
+	full := map[uuid.UUID]bool{}
+	for _, q := range res.Quotas {
+		full[q.Tenant] = q.Full()
+		if s := w.scheds[msgs[0].Queue]; s != nil {
+			s.quota(q)
+		}
+	}
 	var dropped []stream.Message
 	for i, l := range res.Leases {
-		if !l.Acquired {
-			dropped = append(dropped, msgs[i])
-			w.releaseSlot()
+		m := msgs[i]
+		switch {
+		case l.Acquired:
+			w.start(execCtx, m, l)
 			continue
+		case full[m.Tenant] && w.scheds[m.Queue] != nil:
+			w.scheds[m.Queue].hold(m)
+		default:
+			dropped = append(dropped, m)
 		}
-		w.start(execCtx, msgs[i], l)
+		w.releaseFor(m)
 	}
 	w.ack(execCtx, dropped...)
 }
@@ -552,7 +469,7 @@ func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Leas
 	w.running.Add(1)
 	go func() {
 		defer w.running.Done()
-		defer w.releaseSlot()
+		defer w.releaseFor(m)
 		defer func() {
 			w.mu.Lock()
 			delete(w.inflight, m.Task)
@@ -563,13 +480,14 @@ func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Leas
 	}()
 }
 
-var tracer = otel.Tracer("github.com/composer-dev/composer/workers")
-
 func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task) {
 	if m.TraceParent != "" {
 		ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier{"traceparent": m.TraceParent})
 	}
-	ctx, span := tracer.Start(ctx, "execute "+t.NodeType, trace.WithSpanKind(trace.SpanKindConsumer),
+	// The tracer is looked up per execution: the global provider may be
+	// replaced after start-up (tests do), and a cached tracer would keep
+	// the first one.
+	ctx, span := otel.Tracer("github.com/composer-dev/composer/workers").Start(ctx, "execute "+t.NodeType, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("composer.tenant_id", t.Tenant.String()), attribute.String("composer.run_id", t.Run.String()),
 			attribute.String("composer.task_id", t.ID.String()), attribute.String("composer.node_id", t.NodeID), attribute.Int("composer.attempt", t.Attempt)))
 	defer span.End()
@@ -724,8 +642,9 @@ func (w *Worker) reclaimLoop(ctx, execCtx context.Context) {
 			return
 		case <-t.C:
 		}
+		w.keepHeld(ctx)
 		for _, q := range w.cfg.Queues {
-			for _, ts := range w.known(q) {
+			for _, ts := range w.scheds[q].routes() {
 				for _, key := range w.names.Streams(ts.tenant, q, ts.shards) {
 					if ctx.Err() != nil {
 						return
@@ -785,6 +704,11 @@ func (w *Worker) reclaim(ctx, execCtx context.Context, key string) {
 	if len(run) > 0 {
 		// Hand the reclaimed messages the slots taken for them.
 		free -= len(run)
+		for _, m := range run {
+			if s := w.scheds[m.Queue]; s != nil {
+				s.took(m.Tenant, 1)
+			}
+		}
 		w.dispatch(execCtx, run)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,8 +19,12 @@ import (
 // runTenants administers tenants: `composer tenants create --name … --plan …`
 // prints the tenant id and a first owner API key (shown once).
 func runTenants(ctx context.Context, env *environment, args []string) error {
+	if len(args) > 0 && args[0] == "update" {
+		return runTenantsUpdate(ctx, env, args[1:])
+	}
 	if len(args) == 0 || args[0] != "create" {
-		return fmt.Errorf("usage: composer tenants create --name NAME [--plan PLAN] [--shards N]")
+		return fmt.Errorf("usage: composer tenants create --name NAME [--plan PLAN] [--shards N]\n" +
+			"       composer tenants update --tenant ID [--plan PLAN] [--shards N] [--limits '{\"max_running_tasks\": 20}']")
 	}
 	fs := flag.NewFlagSet("tenants create", flag.ContinueOnError)
 	name := fs.String("name", "", "tenant name (required)")
@@ -73,4 +78,35 @@ func runToken(ctx context.Context, env *environment, args []string) error {
 	}
 	fmt.Println(tok)
 	return nil
+}
+
+// runTenantsUpdate changes a tenant's plan, limit overrides or shards.
+func runTenantsUpdate(ctx context.Context, env *environment, args []string) error {
+	fs := flag.NewFlagSet("tenants update", flag.ContinueOnError)
+	tenant := fs.String("tenant", "", "tenant id (required)")
+	plan := fs.String("plan", "", "new plan")
+	limits := fs.String("limits", "", `limit overrides as JSON: max_running_tasks, starts_per_second, start_burst, max_queued_tasks, weight`)
+	shards := fs.Int("shards", 0, "stream shards per queue for new tasks")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	id, err := uuid.Parse(*tenant)
+	if err != nil {
+		return fmt.Errorf("--tenant: not a tenant id")
+	}
+	var over *tenants.Limits
+	if *limits != "" {
+		over = &tenants.Limits{}
+		dec := json.NewDecoder(strings.NewReader(*limits))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(over); err != nil {
+			return fmt.Errorf("--limits: %w", err)
+		}
+	}
+	d, err := app.Open(ctx, env.cfg, env.log, true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.DB.Update(ctx, id, tenants.UpdateParams{Plan: *plan, Limits: over, StreamShards: *shards})
 }

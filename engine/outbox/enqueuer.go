@@ -109,7 +109,7 @@ type Enqueuer struct {
 }
 
 type shardEntry struct {
-	n       int
+	route   tenants.Route
 	expires time.Time
 }
 
@@ -272,7 +272,7 @@ func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 // publish sends the batch in one pipeline and returns the error of each row
 // that failed.
 func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
-	shards, err := e.shardCounts(ctx, batch)
+	routes, err := e.routes(ctx, batch)
 	failed := map[int]error{}
 	if err != nil {
 		for i := range batch {
@@ -293,8 +293,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 			failed[i] = fmt.Errorf("unknown outbox topic %q", r.topic)
 			continue
 		}
-		n := shards[r.tenant]
-		key := e.names.Stream(r.tenant, r.queue, stream.ShardFor(r.task, n))
+		key := e.names.Stream(r.tenant, r.queue, stream.ShardFor(r.task, routes[r.tenant].Shards))
 		if _, ok := e.groups.Load(key); !ok {
 			if err := stream.EnsureGroup(ctx, e.rdb, key); err != nil {
 				failed[i] = err
@@ -308,7 +307,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		active[tq{r.tenant, r.queue}] = true
 	}
 	for k := range active {
-		member := stream.ActiveMember(k.tenant, shards[k.tenant])
+		member := stream.ActiveMember(k.tenant, routes[k.tenant].Shards, routes[k.tenant].Weight)
 		// The active set only needs to know a tenant is recent; refresh it at
 		// most once a second per tenant and queue.
 		ak := k.queue + "|" + member
@@ -380,18 +379,22 @@ func Backoff(base, ceiling time.Duration, n int) time.Duration {
 	return base/2 + time.Duration(rand.Int64N(int64(window-base/2)+1))
 }
 
-// shardCounts returns each batch tenant's shard count, from a short-lived
-// cache (shard counts change rarely; a worker reads every shard it has seen).
-func (e *Enqueuer) shardCounts(ctx context.Context, batch []row) (map[uuid.UUID]int, error) {
-	out := map[uuid.UUID]int{}
+// routes returns each batch tenant's shard count and weight, from a
+// short-lived cache (they change rarely; a worker reads every shard it has
+// seen).
+func (e *Enqueuer) routes(ctx context.Context, batch []row) (map[uuid.UUID]tenants.Route, error) {
+	out := map[uuid.UUID]tenants.Route{}
 	var missing []uuid.UUID
 	now := time.Now()
 	e.shardsMu.Lock()
 	for _, r := range batch {
+		if _, seen := out[r.tenant]; seen {
+			continue
+		}
 		if s, ok := e.shards[r.tenant]; ok && now.Before(s.expires) {
-			out[r.tenant] = s.n
-		} else if _, seen := out[r.tenant]; !seen {
-			out[r.tenant] = 0
+			out[r.tenant] = s.route
+		} else {
+			out[r.tenant] = tenants.Route{}
 			missing = append(missing, r.tenant)
 		}
 	}
@@ -399,19 +402,19 @@ func (e *Enqueuer) shardCounts(ctx context.Context, batch []row) (map[uuid.UUID]
 	if len(missing) == 0 {
 		return out, nil
 	}
-	found, err := e.db.StreamShards(ctx, missing)
+	found, err := e.db.Routes(ctx, missing)
 	if err != nil {
 		return nil, err
 	}
 	e.shardsMu.Lock()
 	defer e.shardsMu.Unlock()
 	for _, t := range missing {
-		n, ok := found[t]
+		r, ok := found[t]
 		if !ok {
 			return nil, errors.New("outbox row of unknown tenant " + t.String())
 		}
-		out[t] = n
-		e.shards[t] = shardEntry{n: n, expires: now.Add(time.Minute)}
+		out[t] = r
+		e.shards[t] = shardEntry{route: r, expires: now.Add(time.Minute)}
 	}
 	return out, nil
 }

@@ -132,7 +132,7 @@ func TestRolledBackRowsAreNeverPublishedCommittedOnesOnce(t *testing.T) {
 	// The message is addressed right and the tenant is registered as active.
 	active, err := f.env.Redis.ZRange(context.Background(), stream.NewNames(f.env.Namespace).Active("default"), 0, -1).Result()
 	require.NoError(t, err)
-	assert.Equal(t, []string{stream.ActiveMember(f.tenant.ID, 2)}, active)
+	assert.Equal(t, []string{stream.ActiveMember(f.tenant.ID, 2, 1)}, active)
 }
 
 // TestKilledBetweenPublishAndDeleteDuplicatesNeverLoses kills a real

@@ -68,26 +68,31 @@ func (n Names) Active(queue string) string { return n.NS + ":active:" + queue }
 // queue, so idle workers read at once instead of at their next poll.
 func (n Names) Wake(queue string) string { return n.NS + ":wake:" + queue }
 
-// ActiveMember encodes a tenant and its shard count for the Active set.
-func ActiveMember(tenant uuid.UUID, shards int) string {
-	return tenant.String() + "/" + strconv.Itoa(shards)
+// ActiveMember encodes a tenant, its shard count and its scheduling weight
+// for the Active set.
+func ActiveMember(tenant uuid.UUID, shards, weight int) string {
+	return tenant.String() + "/" + strconv.Itoa(shards) + "/" + strconv.Itoa(max(weight, 1))
 }
 
-// ParseActiveMember decodes an Active set member.
-func ParseActiveMember(m string) (uuid.UUID, int, error) {
-	t, s, ok := strings.Cut(m, "/")
-	if !ok {
-		return uuid.Nil, 0, fmt.Errorf("bad active member %q", m)
+// ParseActiveMember decodes an Active set member (a missing weight is 1).
+func ParseActiveMember(m string) (tenant uuid.UUID, shards, weight int, err error) {
+	parts := strings.Split(m, "/")
+	if len(parts) < 2 || len(parts) > 3 {
+		return uuid.Nil, 0, 0, fmt.Errorf("bad active member %q", m)
 	}
-	id, err := uuid.Parse(t)
-	if err != nil {
-		return uuid.Nil, 0, fmt.Errorf("bad active member %q: %w", m, err)
+	if tenant, err = uuid.Parse(parts[0]); err != nil {
+		return uuid.Nil, 0, 0, fmt.Errorf("bad active member %q: %w", m, err)
 	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		return uuid.Nil, 0, fmt.Errorf("bad active member %q", m)
+	if shards, err = strconv.Atoi(parts[1]); err != nil || shards < 1 {
+		return uuid.Nil, 0, 0, fmt.Errorf("bad active member %q", m)
 	}
-	return id, n, nil
+	weight = 1
+	if len(parts) == 3 {
+		if weight, err = strconv.Atoi(parts[2]); err != nil || weight < 1 {
+			return uuid.Nil, 0, 0, fmt.Errorf("bad active member %q", m)
+		}
+	}
+	return tenant, shards, weight, nil
 }
 
 // ShardFor picks the shard of a task: a stable spread of its id.

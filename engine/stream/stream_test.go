@@ -18,12 +18,16 @@ func TestStreamKeysCarryTheTenantHashTag(t *testing.T) {
 	n := NewNames("")
 	assert.Equal(t, "composer:{0190e6a8-0000-7000-8000-000000000001}:q:default:3", n.Stream(tenant, "default", 3))
 	assert.Len(t, n.Streams(tenant, "http", 4), 4)
-	id, shards, err := ParseActiveMember(ActiveMember(tenant, 8))
+	id, shards, weight, err := ParseActiveMember(ActiveMember(tenant, 8, 4))
 	require.NoError(t, err)
 	assert.Equal(t, tenant, id)
 	assert.Equal(t, 8, shards)
-	for _, bad := range []string{"", "x/1", tenant.String() + "/0", tenant.String()} {
-		_, _, err := ParseActiveMember(bad)
+	assert.Equal(t, 4, weight)
+	_, _, weight, err = ParseActiveMember(tenant.String() + "/2")
+	require.NoError(t, err)
+	assert.Equal(t, 1, weight, "a member without a weight weighs 1")
+	for _, bad := range []string{"", "x/1", tenant.String() + "/0", tenant.String(), tenant.String() + "/1/0", tenant.String() + "/1/2/3"} {
+		_, _, _, err := ParseActiveMember(bad)
 		assert.Error(t, err, bad)
 	}
 }

@@ -63,10 +63,23 @@ type Lease struct {
 	MaxAttempts     int             `json:"max_attempts,omitempty"`
 }
 
-// AcquireResponse lists one Lease per requested Ref, in order.
+// AcquireResponse lists one Lease per requested Ref, in order, and the
+// running-task quota of each tenant involved as the call left it.
 type AcquireResponse struct {
-	Leases []Lease `json:"leases"`
+	Leases []Lease       `json:"leases"`
+	Quotas []TenantQuota `json:"quotas,omitempty"`
 }
+
+// TenantQuota is a tenant's running-task quota: Limit 0 means unlimited.
+// A worker holds (does not drop) messages of a tenant whose quota is full.
+type TenantQuota struct {
+	Tenant  uuid.UUID `json:"tenant_id"`
+	Limit   int       `json:"limit"`
+	Running int       `json:"running"`
+}
+
+// Full reports whether the tenant has no free slot.
+func (q TenantQuota) Full() bool { return q.Limit > 0 && q.Running >= q.Limit }
 
 // RenewRequest extends leases the worker holds.
 type RenewRequest struct {

@@ -162,10 +162,11 @@ func (s *Server) acquire(ctx context.Context, c Caller, in taskapi.AcquireReques
 			r := in.Leases[i]
 			reqs[j] = engine.LeaseRequest{RunID: r.Run, TaskID: r.Task, Attempt: r.Attempt}
 		}
-		leases, err := s.c.AcquireLeases(ctx, tenant, in.WorkerID, ttl(in.TTLMillis), reqs)
+		leases, quota, err := s.c.AcquireLeases(ctx, tenant, in.WorkerID, ttl(in.TTLMillis), reqs)
 		if err != nil {
 			return taskapi.AcquireResponse{}, err
 		}
+		out.Quotas = append(out.Quotas, taskapi.TenantQuota{Tenant: tenant, Limit: quota.Limit, Running: quota.Running})
 		for j, i := range idx {
 			l := leases[j]
 			out.Leases[i] = taskapi.Lease{Ref: in.Leases[i], Acquired: l.Acquired, ExpiresAt: l.ExpiresAt, NodeID: l.NodeID,

@@ -101,8 +101,10 @@ type Subscription struct {
 
 // What the tenant is using now.
 type TenantUsage struct {
-	RunningRuns  int `json:"runningRuns"`
-	QueuedTasks  int `json:"queuedTasks"`
+	RunningRuns int `json:"runningRuns"`
+	// Tasks waiting for a worker (queue depth).
+	QueuedTasks int `json:"queuedTasks"`
+	// Tasks running now, against limits.maxRunningTasks.
 	RunningTasks int `json:"runningTasks"`
 }
 

@@ -25,7 +25,9 @@ import (
 	"github.com/composer-dev/composer/engine/taskserver"
 	"github.com/composer-dev/composer/graph"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/internal/telemetry"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
@@ -122,7 +124,26 @@ type Server struct {
 	Authn       *auth.Authenticator
 	Authz       *auth.Authorizer
 	Live        *graph.Live
+	Limiter     *tenants.RateLimiter
 	Mux         *http.ServeMux
+}
+
+// admit refuses a new run when the tenant already has as many tasks
+// waiting for a worker as its plan allows. It runs in the start's
+// transaction before anything is written.
+func admit(ctx context.Context, tx *tenants.Tx) error {
+	l, err := tenants.EffectiveLimits(ctx, tx)
+	if err != nil {
+		return err
+	}
+	full, err := engine.QueuedTasksAtLeast(ctx, tx, l.MaxQueuedTasks)
+	if err != nil {
+		return err
+	}
+	if full {
+		return errs.E(errs.QuotaExceeded, "the tenant already has %d tasks waiting for a worker, the most its plan allows", l.MaxQueuedTasks)
+	}
+	return nil
 }
 
 // ServerOptions adjust a server.
@@ -146,6 +167,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	// This process's enqueuer is woken in-process after its commits.
 	d.DB.LocalOutbox = true
 	s.Live = graph.NewLive(d.Redis, d.Cfg.RedisNamespace, d.Log.Named("live"))
+	s.Limiter = tenants.NewRateLimiter(d.Redis, d.Cfg.RedisNamespace)
 	onTransition := func(t engine.Transition) {
 		s.Live.Publish(t)
 		if o.OnTransition != nil {
@@ -161,19 +183,25 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition})
+		}, OnTransition: onTransition, Admit: admit, Slots: tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
+			d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
+		})})
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
 		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
 
 	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
-		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Log: d.Log.Named("graphql")},
+		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter, Log: d.Log.Named("graphql")},
 		Authn:    s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	if d.Cfg.Dev {
 		s.Mux.Handle("GET /playground", graph.Playground("/graphql"))
 	}
+	if err := engine.RegisterGauges(d.DB); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	s.Mux.Handle("GET /metrics", telemetry.MetricsHandler())
 	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.Mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)

@@ -95,7 +95,7 @@ func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...
 	require.NoError(t, err)
 	srv, err := app.NewServer(d, app.ServerOptions{})
 	require.NoError(t, err)
-	tn, err := d.DB.Create(ctx, tenants.CreateParams{Name: "tenant-under-test", StreamShards: 2})
+	tn, err := d.DB.Create(ctx, tenants.CreateParams{Name: "tenant-under-test", Plan: "pro", StreamShards: 2})
 	require.NoError(t, err)
 	ready := make(chan string, 1)
 	done := make(chan struct{})

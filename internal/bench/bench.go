@@ -247,7 +247,7 @@ func setupWith(ctx context.Context, opts Options, workerCfg func(*workers.Config
 	if err != nil {
 		return nil, err
 	}
-	tn, err := e.deps.DB.Create(ctx, tenants.CreateParams{Name: "bench", StreamShards: 4})
+	tn, err := e.deps.DB.Create(ctx, tenants.CreateParams{Name: "bench", Plan: "enterprise", StreamShards: 4})
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ const (
 )
 
 // All lists every scenario in the order they run.
-var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, GraphQLRuns}
+var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, GraphQLRuns, NoisyNeighbour}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -72,6 +72,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runCeiling(ctx, o, &rep, 16, 20, n(6000))
 		case GraphQLRuns:
 			r, err = runGraphQLRuns(ctx, o, &rep, n(1_000_000), 300)
+		case NoisyNeighbour:
+			r, err = runNoisyNeighbour(ctx, o, &rep, n(20_000), n(200))
 		}
 		if err != nil {
 			return rep, fmt.Errorf("%s: %w", name, err)
@@ -117,19 +119,28 @@ func chainDef(length int, step func(i int) string) string {
 func noopStep(int) string { return `"type":"noop"` }
 
 func (e *env) workflow(ctx context.Context, def string) (uuid.UUID, error) {
-	w, _, err := e.server.Coordinator.CreateWorkflow(ctx, e.tenant, "wf-"+uuid.NewString()[:8], "", []byte(def))
+	return e.workflowFor(ctx, e.tenant, def)
+}
+
+func (e *env) workflowFor(ctx context.Context, tenant uuid.UUID, def string) (uuid.UUID, error) {
+	w, _, err := e.server.Coordinator.CreateWorkflow(ctx, tenant, "wf-"+uuid.NewString()[:8], "", []byte(def))
 	return w.ID, err
 }
 
-func (e *env) startRun(ctx context.Context, wf uuid.UUID) (uuid.UUID, time.Time, error) {
+func (e *env) startRun(ctx context.Context, tenant, wf uuid.UUID) (uuid.UUID, time.Time, error) {
 	t0 := time.Now()
-	res, err := e.server.Coordinator.StartRun(ctx, e.tenant, engine.StartRun{WorkflowID: wf})
+	res, err := e.server.Coordinator.StartRun(ctx, tenant, engine.StartRun{WorkflowID: wf})
 	return res.RunID, t0, err
 }
 
 // drive keeps k runs of wf in flight until total runs have finished, and
 // returns each run's start time.
 func (e *env) drive(ctx context.Context, wf uuid.UUID, k, total int) (map[uuid.UUID]time.Time, time.Duration, error) {
+	return e.driveFor(ctx, e.tenant, wf, k, total)
+}
+
+// driveFor is drive for any tenant.
+func (e *env) driveFor(ctx context.Context, tenant, wf uuid.UUID, k, total int) (map[uuid.UUID]time.Time, time.Duration, error) {
 	var mu sync.Mutex
 	starts := map[uuid.UUID]time.Time{}
 	var left atomic.Int64
@@ -142,7 +153,7 @@ func (e *env) drive(ctx context.Context, wf uuid.UUID, k, total int) (map[uuid.U
 		go func() {
 			defer wg.Done()
 			for left.Add(-1) >= 0 {
-				id, st, err := e.startRun(ctx, wf)
+				id, st, err := e.startRun(ctx, tenant, wf)
 				if err != nil {
 					errc <- err
 					return
@@ -402,7 +413,7 @@ func runCeiling(ctx context.Context, o Options, rep *Report, k, length, steps in
 			case <-time.After(30 * time.Second):
 				return fmt.Errorf("run %s: no dispatch of step %d", id, i)
 			}
-			ls, err := c.AcquireLeases(ctx, e.tenant, "ceiling", 30*time.Second, []engine.LeaseRequest{{RunID: id, TaskID: d.task, Attempt: d.attempt}})
+			ls, _, err := c.AcquireLeases(ctx, e.tenant, "ceiling", 30*time.Second, []engine.LeaseRequest{{RunID: id, TaskID: d.task, Attempt: d.attempt}})
 			if err != nil || !ls[0].Acquired {
 				return fmt.Errorf("lease: %v", err)
 			}

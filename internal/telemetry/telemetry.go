@@ -11,11 +11,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -74,6 +77,13 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(te))
 		mpOpts = append(mpOpts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(me, sdkmetric.WithInterval(15*time.Second))))
 	}
+	// Metrics are always readable at /metrics (Prometheus text format), with
+	// no tenant ids as labels: tenant-level figures are in the API.
+	prom, err := prometheus.New()
+	if err != nil {
+		return nil, fmt.Errorf("prometheus exporter: %w", err)
+	}
+	mpOpts = append(mpOpts, sdkmetric.WithReader(prom))
 	tp := sdktrace.NewTracerProvider(tpOpts...)
 	mp := sdkmetric.NewMeterProvider(mpOpts...)
 	otel.SetTracerProvider(tp)
@@ -83,3 +93,6 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 		return errors.Join(tp.Shutdown(ctx), mp.Shutdown(ctx))
 	}, nil
 }
+
+// MetricsHandler serves the process's metrics in the Prometheus format.
+func MetricsHandler() http.Handler { return promhttp.Handler() }

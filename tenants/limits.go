@@ -1,0 +1,121 @@
+package tenants
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/composer-dev/composer/internal/errs"
+)
+
+// Limits are what a tenant may use. A plan gives defaults; a tenant's own
+// limits override them field by field.
+type Limits struct {
+	// MaxRunningTasks bounds the tenant's tasks running at once, across all
+	// workers (enforced when a worker takes a lease).
+	MaxRunningTasks int `json:"max_running_tasks,omitempty"`
+	// StartsPerSecond and StartBurst shape run starts (a token bucket).
+	StartsPerSecond float64 `json:"starts_per_second,omitempty"`
+	StartBurst      int     `json:"start_burst,omitempty"`
+	// MaxQueuedTasks bounds the tenant's tasks waiting for a worker; a start
+	// beyond it is refused.
+	MaxQueuedTasks int `json:"max_queued_tasks,omitempty"`
+	// Weight is the tenant's share when workers choose whose work to read.
+	Weight int `json:"weight,omitempty"`
+}
+
+// merge returns l with every zero field taken from def.
+func (l Limits) merge(def Limits) Limits {
+	if l.MaxRunningTasks == 0 {
+		l.MaxRunningTasks = def.MaxRunningTasks
+	}
+	if l.StartsPerSecond == 0 {
+		l.StartsPerSecond = def.StartsPerSecond
+	}
+	if l.StartBurst == 0 {
+		l.StartBurst = def.StartBurst
+	}
+	if l.MaxQueuedTasks == 0 {
+		l.MaxQueuedTasks = def.MaxQueuedTasks
+	}
+	if l.Weight == 0 {
+		l.Weight = def.Weight
+	}
+	return l
+}
+
+func (l Limits) validate() error {
+	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 {
+		return errs.E(errs.Invalid, "limits must not be negative (weight at most 1000)")
+	}
+	return nil
+}
+
+// EffectiveLimits reads the transaction's tenant's limits: its overrides
+// on top of its plan's defaults.
+func EffectiveLimits(ctx context.Context, tx *Tx) (Limits, error) {
+	var own, plan []byte
+	err := tx.QueryRow(ctx, `SELECT t.limits, p.limits FROM tenants t JOIN plans p ON p.name = t.plan WHERE t.id = $1`, tx.Tenant).Scan(&own, &plan)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Limits{}, errs.E(errs.NotFound, "tenant not found")
+	}
+	if err != nil {
+		return Limits{}, fmt.Errorf("tenant limits: %w", err)
+	}
+	var o, p Limits
+	if err := json.Unmarshal(own, &o); err != nil {
+		return Limits{}, fmt.Errorf("tenant limits: %w", err)
+	}
+	if err := json.Unmarshal(plan, &p); err != nil {
+		return Limits{}, fmt.Errorf("plan limits: %w", err)
+	}
+	return o.merge(p), nil
+}
+
+// UpdateParams are the changes Update makes; zero values change nothing.
+type UpdateParams struct {
+	Plan string
+	// Limits, when set, replace the tenant's overrides; its zero fields fall
+	// back to the plan.
+	Limits *Limits
+	// StreamShards changes how many shards per queue new tasks spread over.
+	// Workers read every shard they have seen the tenant use, and tasks on
+	// a shard no longer announced are re-published by the dispatch sweep, so
+	// a change loses nothing.
+	StreamShards int
+}
+
+// Update changes a tenant's plan, limit overrides or shard count
+// (operators only: the system role).
+func (db *DB) Update(ctx context.Context, id uuid.UUID, p UpdateParams) error {
+	if p.Plan != "" && !planPattern.MatchString(p.Plan) {
+		return errs.E(errs.Invalid, "plan %q is not a valid plan name", p.Plan)
+	}
+	if p.StreamShards < 0 || p.StreamShards > 256 {
+		return errs.E(errs.Invalid, "stream shards must be between 1 and 256")
+	}
+	var over []byte
+	if p.Limits != nil {
+		if err := p.Limits.validate(); err != nil {
+			return err
+		}
+		over, _ = json.Marshal(p.Limits)
+	}
+	tag, err := db.System.Exec(ctx, `UPDATE tenants SET plan = coalesce(NULLIF($2, ''), plan),
+		limits = coalesce($3::jsonb, limits), stream_shards = coalesce(NULLIF($4, 0), stream_shards),
+		updated_at = now() WHERE id = $1`, id, p.Plan, over, p.StreamShards)
+	if isFKViolation(err) {
+		return errs.E(errs.Invalid, "no plan named %q", p.Plan)
+	}
+	if err != nil {
+		return fmt.Errorf("update tenant: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return errs.E(errs.NotFound, "tenant %s not found", id)
+	}
+	return nil
+}

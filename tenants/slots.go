@@ -1,0 +1,196 @@
+package tenants
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+)
+
+// Slots is the running-task quota: a counting semaphore per tenant whose
+// permits are leases. A permit is a member of a sorted set scored by its
+// expiry on Redis's clock; taking permits drops the expired ones first, so
+// a worker that dies holding permits gives them back when its leases
+// expire, with no sweep. Permits are named "task:attempt:owner", so a
+// worker that retries an acquire call does not take a second permit, and
+// a worker that loses a race for a task gives back only its own.
+//
+// The database stays the truth of who runs what: a permit is taken before
+// the lease transaction and given back if the lease is not granted, so
+// the leases never outnumber the permits.
+type Slots struct {
+	rdb redis.UniversalClient
+	ns  string
+
+	mu       sync.Mutex
+	pending  map[uuid.UUID][]string // releases not yet sent
+	flushing bool
+	onError  func(error)
+}
+
+// NewSlots returns the quota semaphores, keyed under namespace ns. onError,
+// when set, hears of background releases that failed.
+func NewSlots(rdb redis.UniversalClient, ns string, onError func(error)) *Slots {
+	return &Slots{rdb: rdb, ns: ns, pending: map[uuid.UUID][]string{}, onError: onError}
+}
+
+func (s *Slots) key(tenant uuid.UUID) string { return s.ns + ":{" + tenant.String() + "}:running" }
+
+// SlotMember names one lease's permit.
+func SlotMember(task uuid.UUID, attempt int, owner string) string {
+	return fmt.Sprintf("%s:%d:%s", task, attempt, owner)
+}
+
+// acquireScript: KEYS[1] the set; ARGV: limit, ttl ms, members. Returns
+// the permits held after the call, then 1/0 per member.
+var acquireScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local n = redis.call('ZCARD', KEYS[1])
+local out = {0}
+for i = 3, #ARGV do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+    out[#out + 1] = 1
+  elseif n < limit then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+    n = n + 1
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+out[1] = n
+redis.call('PEXPIRE', KEYS[1], ttl + 60000)
+return out
+`)
+
+// renewScript: KEYS[1] the set; ARGV: ttl ms, members. Re-adds missing
+// members too, so permits lost with Redis's data come back at the next
+// renewal.
+var renewScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+end
+local e = redis.call('PTTL', KEYS[1])
+if e < ttl + 60000 then redis.call('PEXPIRE', KEYS[1], ttl + 60000) end
+return 0
+`)
+
+// Acquire takes a permit for each member while the tenant holds fewer than
+// limit, each valid for ttl. It reports which members got one and how many
+// the tenant holds now.
+func (s *Slots) Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]bool, int, error) {
+	args := make([]any, 0, len(members)+2)
+	args = append(args, limit, ttl.Milliseconds())
+	for _, m := range members {
+		args = append(args, m)
+	}
+	res, err := acquireScript.Run(ctx, s.rdb, []string{s.key(tenant)}, args...).Int64Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("running-task quota: %w", err)
+	}
+	if len(res) != len(members)+1 {
+		return nil, 0, fmt.Errorf("running-task quota: %d answers for %d members", len(res)-1, len(members))
+	}
+	granted := make([]bool, len(members))
+	for i := range members {
+		granted[i] = res[i+1] == 1
+	}
+	return granted, int(res[0]), nil
+}
+
+// Renew extends the members' permits (the leases were renewed).
+func (s *Slots) Renew(ctx context.Context, tenant uuid.UUID, ttl time.Duration, members []string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	args := make([]any, 0, len(members)+1)
+	args = append(args, ttl.Milliseconds())
+	for _, m := range members {
+		args = append(args, m)
+	}
+	if err := renewScript.Run(ctx, s.rdb, []string{s.key(tenant)}, args...).Err(); err != nil {
+		return fmt.Errorf("running-task quota: %w", err)
+	}
+	return nil
+}
+
+// Release gives the members' permits back (their leases ended or were
+// never granted).
+func (s *Slots) Release(ctx context.Context, tenant uuid.UUID, members []string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	args := make([]any, len(members))
+	for i, m := range members {
+		args[i] = m
+	}
+	if err := s.rdb.ZRem(ctx, s.key(tenant), args...).Err(); err != nil {
+		return fmt.Errorf("running-task quota: %w", err)
+	}
+	return nil
+}
+
+// ReleaseLater gives permits back in the background: releases queued while
+// one round trip is in flight leave together in the next, so the steady
+// state costs a fraction of a round trip per finished task and adds none
+// to the caller's latency. A release lost with the process lapses with the
+// lease TTL.
+func (s *Slots) ReleaseLater(tenant uuid.UUID, members ...string) {
+	s.mu.Lock()
+	s.pending[tenant] = append(s.pending[tenant], members...)
+	start := !s.flushing
+	s.flushing = true
+	s.mu.Unlock()
+	if start {
+		go s.flush()
+	}
+}
+
+func (s *Slots) flush() {
+	for {
+		s.mu.Lock()
+		batch := s.pending
+		if len(batch) == 0 {
+			s.flushing = false
+			s.mu.Unlock()
+			return
+		}
+		s.pending = map[uuid.UUID][]string{}
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		pipe := s.rdb.Pipeline()
+		for tenant, members := range batch {
+			args := make([]any, len(members))
+			for i, m := range members {
+				args[i] = m
+			}
+			pipe.ZRem(ctx, s.key(tenant), args...)
+		}
+		_, err := pipe.Exec(ctx)
+		cancel()
+		if err != nil && s.onError != nil {
+			s.onError(fmt.Errorf("running-task quota: releasing permits: %w", err))
+		}
+	}
+}
+
+// Held counts the tenant's live permits.
+func (s *Slots) Held(ctx context.Context, tenant uuid.UUID) (int, error) {
+	t, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.rdb.ZCount(ctx, s.key(tenant), fmt.Sprint(t.UnixMilli()+1), "+inf").Result()
+	return int(n), err
+}

@@ -1,0 +1,228 @@
+package workers
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/engine/taskapi"
+)
+
+// simNow is the simulated clock serve advances.
+var simNow = time.Now()
+
+// serve simulates a worker whose slots free perFill at a time against
+// tenants whose backlogs are given (absent: endless), and counts the slots
+// each tenant gets. Every fill is at a later instant than the last, so a
+// tenant found empty is left out only for the rest of its fill when
+// recheck is zero.
+func serve(q *queueSched, slots, perFill int, backlog map[uuid.UUID]int) (map[uuid.UUID]int, []uuid.UUID) {
+	got := map[uuid.UUID]int{}
+	var seq []uuid.UUID
+	for given := 0; given < slots; {
+		simNow = simNow.Add(time.Millisecond)
+		now := simNow
+		free, skip := min(perFill, slots-given), map[uuid.UUID]bool{}
+		progress := false
+		for free > 0 {
+			grants := q.plan(free, now, skip)
+			if len(grants) == 0 {
+				break
+			}
+			for _, g := range grants {
+				take := g.n
+				if b, limited := backlog[g.id]; limited {
+					take = min(g.n, b)
+					backlog[g.id] -= take
+				}
+				q.settle(g, take, now)
+				if take < g.n {
+					skip[g.id] = true
+				}
+				got[g.id] += take
+				given += take
+				free -= take
+				progress = progress || take > 0
+				for range take {
+					seq = append(seq, g.id)
+				}
+			}
+		}
+		if !progress {
+			break
+		}
+	}
+	return got, seq
+}
+
+func TestSchedSharesSlotsByWeight(t *testing.T) {
+	for _, perFill := range []int{1, 3, 16} {
+		q := newQueueSched(0, 0)
+		a, b, c := uuid.New(), uuid.New(), uuid.New()
+		q.learn(tenantShards{tenant: a, shards: 1, weight: 1})
+		q.learn(tenantShards{tenant: b, shards: 1, weight: 4})
+		q.learn(tenantShards{tenant: c, shards: 1, weight: 16})
+		got, _ := serve(q, 21*100, perFill, map[uuid.UUID]int{})
+		assert.InDelta(t, 100, got[a], 2, "weight 1, %d slots per fill", perFill)
+		assert.InDelta(t, 400, got[b], 8, "weight 4, %d slots per fill", perFill)
+		assert.InDelta(t, 1600, got[c], 32, "weight 16, %d slots per fill", perFill)
+	}
+}
+
+// TestSchedInterleaves: with equal weights a tenant never waits for more
+// than one other tenant's slot between two of its own.
+func TestSchedInterleaves(t *testing.T) {
+	q := newQueueSched(0, 0)
+	a, b := uuid.New(), uuid.New()
+	q.learn(tenantShards{tenant: a, shards: 1, weight: 4})
+	q.learn(tenantShards{tenant: b, shards: 1, weight: 4})
+	_, seq := serve(q, 200, 1, map[uuid.UUID]int{})
+	for i := 2; i < len(seq); i++ {
+		assert.False(t, seq[i] == seq[i-1] && seq[i] == seq[i-2], "three in a row at %d", i)
+	}
+}
+
+func TestSchedIdleTenantBanksNothing(t *testing.T) {
+	q := newQueueSched(0, 0)
+	busy, idle := uuid.New(), uuid.New()
+	q.learn(tenantShards{tenant: busy, shards: 1, weight: 1})
+	q.learn(tenantShards{tenant: idle, shards: 1, weight: 1})
+	backlog := map[uuid.UUID]int{idle: 0}
+	got, _ := serve(q, 1000, 1, backlog)
+	assert.Equal(t, 1000, got[busy], "the idle tenant's share goes to the busy one")
+	backlog[idle] = 1 << 30
+	got, _ = serve(q, 100, 1, backlog)
+	assert.InDelta(t, 50, got[idle], 1, "no burst from the idle period")
+}
+
+func TestSchedLeavesAnEmptyTenantAloneUntilWokenOrRecheck(t *testing.T) {
+	q := newQueueSched(0, time.Second)
+	busy, quiet := uuid.New(), uuid.New()
+	q.learn(tenantShards{tenant: busy, shards: 1, weight: 1})
+	q.learn(tenantShards{tenant: quiet, shards: 1, weight: 1})
+	now := time.Now()
+	reads := map[uuid.UUID]int{}
+	fill := func(at time.Time) {
+		for _, g := range q.plan(1, at, nil) {
+			reads[g.id]++
+			took := g.n
+			if g.id == quiet {
+				took = 0
+			}
+			q.settle(g, took, at)
+		}
+	}
+	for i := range 100 {
+		fill(now.Add(time.Duration(i) * time.Millisecond))
+	}
+	assert.LessOrEqual(t, reads[quiet], 1, "read once, found empty, left alone")
+	q.woke(tenantShards{tenant: quiet, shards: 1, weight: 1})
+	before := reads[quiet]
+	fill(now.Add(200 * time.Millisecond))
+	fill(now.Add(201 * time.Millisecond))
+	assert.Equal(t, before+1, reads[quiet], "a wake-up brings it back at once")
+	before = reads[quiet]
+	for i := range 10 {
+		fill(now.Add(1300*time.Millisecond + time.Duration(i)*time.Millisecond))
+	}
+	assert.Equal(t, before+1, reads[quiet], "and so does the recheck interval")
+
+	// A wake-up racing an empty read is not lost.
+	fill(now.Add(3 * time.Second)) // busy's turn
+	gs := q.plan(1, now.Add(3*time.Second), map[uuid.UUID]bool{busy: true})
+	require.Len(t, gs, 1)
+	q.woke(tenantShards{tenant: quiet, shards: 1, weight: 1})
+	q.settle(gs[0], 0, now.Add(3*time.Second))
+	gs = q.plan(1, now.Add(3*time.Second), map[uuid.UUID]bool{busy: true})
+	assert.Len(t, gs, 1, "still eligible: woken after its read")
+}
+
+func TestSchedHonoursQuota(t *testing.T) {
+	q := newQueueSched(0, 0)
+	full, other := uuid.New(), uuid.New()
+	q.learn(tenantShards{tenant: full, shards: 1, weight: 16})
+	q.learn(tenantShards{tenant: other, shards: 1, weight: 1})
+	q.quota(taskapi.TenantQuota{Tenant: full, Limit: 3, Running: 3})
+	gs := q.plan(8, time.Now(), nil)
+	n := map[uuid.UUID]int{}
+	for _, g := range gs {
+		n[g.id] = g.n
+	}
+	assert.Equal(t, 1, n[full], "a full tenant gets one probe, not its weight")
+	assert.Equal(t, 7, n[other])
+
+	q.quota(taskapi.TenantQuota{Tenant: full, Limit: 5, Running: 3})
+	gs = q.plan(8, time.Now(), nil)
+	for _, g := range gs {
+		n[g.id] = g.n
+	}
+	assert.Equal(t, 2, n[full], "at most its free quota")
+
+	// A held (bounced) message pauses the tenant until its block ends.
+	q.hold(stream.Message{Tenant: full, ID: "1-0"})
+	for _, g := range q.plan(4, time.Now(), nil) {
+		assert.Equal(t, other, g.id)
+	}
+	var heldGrant *grant
+	for _, g := range q.plan(4, time.Now().Add(maxBlock), nil) {
+		if g.id == full {
+			heldGrant = &g
+		}
+	}
+	require.NotNil(t, heldGrant, "tried again once the block ends")
+	assert.Len(t, heldGrant.held, 1, "the held message first")
+}
+
+// TestSchedKeepsSlotsForOthers: alone, a tenant may fill the worker; while
+// another tenant has work, it leaves capacity/8 slots free, and gets them
+// back when the other has been quiet for a while.
+func TestSchedKeepsSlotsForOthers(t *testing.T) {
+	q := newQueueSched(32, time.Second)
+	heavy, light := uuid.New(), uuid.New()
+	q.learn(tenantShards{tenant: heavy, shards: 1, weight: 16})
+	q.learn(tenantShards{tenant: light, shards: 1, weight: 1})
+	now := time.Now()
+	free := 32
+	take := func(at time.Time, lightHasWork bool) map[uuid.UUID]int { // one fill
+		got, skip := map[uuid.UUID]int{}, map[uuid.UUID]bool{}
+		for free > 0 {
+			gs := q.plan(free, at, skip)
+			if len(gs) == 0 {
+				break
+			}
+			for _, g := range gs {
+				n := g.n
+				if g.id == light && !lightHasWork {
+					n, skip[light] = 0, true
+				}
+				q.settle(g, n, at)
+				got[g.id] += n
+				free -= n
+			}
+		}
+		return got
+	}
+	assert.Equal(t, 32, take(now, false)[heavy], "alone: every slot")
+	for range 32 {
+		q.release(heavy)
+	}
+	free = 32
+	q.woke(tenantShards{tenant: light, shards: 1, weight: 1})
+	got := take(time.Now(), true)
+	assert.Equal(t, 28, got[heavy], "four slots kept while the light tenant has work")
+	assert.Equal(t, 4, got[light])
+	for range 4 {
+		q.release(light)
+	}
+	free = 4
+	assert.Equal(t, 0, take(time.Now(), false)[heavy], "the kept slots stay free for the light tenant")
+	assert.Equal(t, 4, take(time.Now().Add(recentWork+time.Second), false)[heavy], "until it has been quiet for a while")
+}
+
+func TestSchedEmpty(t *testing.T) {
+	assert.Empty(t, newQueueSched(0, 0).plan(4, time.Now(), nil))
+}
