@@ -19,7 +19,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/testenv"
@@ -184,7 +186,7 @@ func TestChaos(t *testing.T) {
 	db := &tenants.DB{App: env.App, System: env.System}
 	tn, err := db.Create(ctx, tenants.CreateParams{Name: "chaos", StreamShards: 4})
 	require.NoError(t, err)
-	coord := engine.NewCoordinator(db, engine.Options{})
+	coord := engine.NewCoordinator(db, engine.Options{Hooks: []engine.TxHook{billing.Meter{}.Hook}})
 	step := func(id string, deps ...string) string {
 		d, _ := json.Marshal(deps)
 		return fmt.Sprintf(`{"id":%q,"type":"http","depends_on":%s,"http":{"method":"POST","url":"%s/%s"},
@@ -288,6 +290,39 @@ func TestChaos(t *testing.T) {
 	assert.Equal(t, runs*4, distinct, "each step's effect reached the sink under exactly one key")
 	t.Logf("sink: %d raw requests for %d distinct keys (%d duplicates absorbed by Idempotency-Key)", raw.Load(), distinct, raw.Load()-int64(distinct))
 	assert.Greater(t, raw.Load(), int64(distinct), "the chaos caused duplicate deliveries")
+
+	// Usage is exact: each meter's total, rolled up by two passes at once,
+	// equals what the committed run and timeline rows say — through
+	// duplicate deliveries, retried steps and killed processes.
+	rollup := &billing.Rollup{DB: db, Log: zap.NewNop()}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); _, err := rollup.Pass(ctx); assert.NoError(t, err) }()
+	}
+	wg.Wait()
+	meters := map[string]int64{}
+	rows, err = env.System.Query(ctx, `SELECT meter, sum(quantity)::bigint FROM usage_hourly WHERE tenant_id = $1 GROUP BY meter`, tn.ID)
+	require.NoError(t, err)
+	for rows.Next() {
+		var m string
+		var q int64
+		require.NoError(t, rows.Scan(&m, &q))
+		meters[m] = q
+	}
+	var derivedRuns, derivedSteps, derivedMillis, reported int64
+	require.NoError(t, env.System.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, tn.ID).Scan(&derivedRuns))
+	// An executed attempt is one whose worker's result was applied: its
+	// timeline entry names the worker and when the attempt's lease began.
+	require.NoError(t, env.System.QueryRow(ctx, `SELECT count(*), coalesce(sum(floor(extract(epoch FROM created_at - (detail->>'started_at')::timestamptz) * 1000)), 0)::bigint
+		FROM run_events WHERE tenant_id = $1 AND kind IN ('node_completed', 'node_failed') AND detail ? 'worker'`, tn.ID).Scan(&derivedSteps, &derivedMillis))
+	require.NoError(t, env.System.QueryRow(ctx, `SELECT count(*) FROM run_events WHERE tenant_id = $1 AND kind IN ('node_completed', 'node_failed', 'lease_expired')`, tn.ID).Scan(&reported))
+	assert.Equal(t, derivedRuns, meters[billing.RunsStarted], "runs_started")
+	assert.Equal(t, derivedSteps, meters[billing.StepsExecuted], "steps_executed")
+	assert.Equal(t, derivedMillis, meters[billing.StepSeconds], "step_seconds (ms)")
+	assert.GreaterOrEqual(t, derivedSteps, int64(runs*4), "at least one executed attempt per step")
+	t.Logf("usage: %d runs, %d executed attempts (%d attempts ended in all, incl. lost ones), %d ms of steps", meters[billing.RunsStarted],
+		meters[billing.StepsExecuted], reported, meters[billing.StepSeconds])
 }
 
 func tail(s string, n int) string {

@@ -53,7 +53,7 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 				break
 			}
 		}
-		time.Sleep(15 * time.Millisecond)
+		time.Sleep(25 * time.Millisecond)
 		inFlight.Add(-1)
 		return json.RawMessage(`{}`), nil
 	})
@@ -66,7 +66,7 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 		runs = append(runs, sys.StartRun(wf, `{}`))
 	}
 	stop := make(chan struct{})
-	var samples, maxSeen int
+	var samples, busy, maxSeen int
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -79,6 +79,9 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 			}
 			n := runningNow(t, sys, sys.Tenant)
 			samples++
+			if n > 0 {
+				busy++
+			}
 			maxSeen = max(maxSeen, n)
 			time.Sleep(2 * time.Millisecond)
 		}
@@ -89,10 +92,10 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	t.Logf("%d database samples, at most %d running; at most %d executing at once", samples, maxSeen, peak.Load())
+	t.Logf("%d database samples (%d with tasks running), at most %d running; at most %d executing at once", samples, busy, maxSeen, peak.Load())
 	assert.LessOrEqual(t, maxSeen, 5, "the quota held in the database")
 	assert.LessOrEqual(t, int(peak.Load()), 5, "and on the workers")
-	assert.Greater(t, samples, 50)
+	assert.GreaterOrEqual(t, busy, 10, "the sampler saw the quota in use")
 }
 
 // TestSlotsOfAKilledWorkerComeBackWithinTheLeaseTTL: a worker process

@@ -48,6 +48,52 @@ type Options struct {
 	// Slots, when set, enforces each tenant's running-task quota when leases
 	// are granted (see SlotGate); without it there is no such quota.
 	Slots SlotGate
+	// Hooks see every transition inside its transaction, before its
+	// actions are written, and queue statements that commit with it (usage
+	// meters, webhook deliveries): what they write exists if and only if
+	// the transition committed.
+	Hooks []TxHook
+}
+
+// TxHook queues statements into a transition's transaction. It runs no
+// statement itself and must not fail: a statement that fails rolls the
+// transition back, and the event is retried by whoever sent it.
+type TxHook func(t *TxTransition, q Queuer)
+
+// Queuer queues a statement into the transaction's single round trip.
+type Queuer interface {
+	Queue(sql string, args ...any)
+}
+
+// TxTransition is what a TxHook knows of a transition.
+type TxTransition struct {
+	Tenant          uuid.UUID
+	RunID           uuid.UUID
+	WorkflowID      uuid.UUID
+	WorkflowVersion int
+	// Event is the event's kind ("run_started", "node_completed", ...).
+	Event string
+	// Status is the run's status after the transition; Terminal reports
+	// that the transition ended the run, with Output or Error.
+	Status   sm.RunStatus
+	Terminal bool
+	Output   json.RawMessage
+	Error    *sm.Error
+	// Now is the transaction's time on the database clock.
+	Now time.Time
+	// Report is set when the event is a worker's result for an attempt it
+	// held the lease of.
+	Report *AttemptReport
+}
+
+// AttemptReport is the attempt a worker's result ended.
+type AttemptReport struct {
+	Task    uuid.UUID
+	Node    string
+	Attempt int
+	Worker  string
+	// StartedAt is when the attempt's lease was granted (database clock).
+	StartedAt time.Time
 }
 
 // SlotGate is the running-task quota: a semaphore per tenant whose permits
@@ -200,7 +246,8 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		if tr.Ignored {
 			return fmt.Errorf("a new run was not started: %s", tr.Reason)
 		}
-		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx)}
+		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
+			workflowID: wid, version: version}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
 			return err
 		}
@@ -485,7 +532,8 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 			}
 			return ignoredError{tr.Reason}
 		}
-		p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx)}
+		p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
+			workflowID: row.workflowID, version: row.version, started: row.started}
 		for id, t := range run.Tasks {
 			p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 		}
@@ -510,6 +558,8 @@ type runRow struct {
 	workflowID uuid.UUID
 	version    int
 	now        time.Time
+	// started is when each running task's lease was granted, by node.
+	started map[string]time.Time
 }
 
 // loadRun locks the run row and reads its tasks in one round trip (with the
@@ -525,15 +575,20 @@ func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.
 		RETURNING workflow_id, workflow_version, status, input, now()`, tx.Tenant, runID).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now) })
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
-	b.Queue(`SELECT id, node_id, state, attempt, output, last_error FROM task_instances WHERE tenant_id = $1 AND run_id = $2`, tx.Tenant, runID).
+	row.started = map[string]time.Time{}
+	b.Queue(`SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`, tx.Tenant, runID).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var id uuid.UUID
 				var t sm.Task
 				var state string
 				var out, lastErr []byte
-				if err := rows.Scan(&id, &t.NodeID, &state, &t.Attempt, &out, &lastErr); err != nil {
+				var started *time.Time
+				if err := rows.Scan(&id, &t.NodeID, &state, &t.Attempt, &out, &lastErr, &started); err != nil {
 					return err
+				}
+				if started != nil && state == "running" {
+					row.started[t.NodeID] = *started
 				}
 				t.ID, t.State, t.Output = id.String(), sm.TaskState(state), out
 				if lastErr != nil {

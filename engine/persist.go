@@ -29,6 +29,9 @@ type persister struct {
 	now         time.Time
 	tasks       map[string]taskRef // node -> the task as the actions leave it
 	traceparent string
+	workflowID  uuid.UUID
+	version     int
+	started     map[string]time.Time // node -> lease start of its running attempt
 	dispatched  bool
 	// fresh are immediate dispatches this process publishes after commit.
 	fresh []outbox.Fresh
@@ -85,6 +88,24 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			return `('pending')`
 		}
 		return activeStates
+	}
+	report := p.report(ev, ref)
+	if len(p.c.opts.Hooks) > 0 {
+		t := &TxTransition{Tenant: tenant, RunID: p.runID, WorkflowID: p.workflowID, WorkflowVersion: p.version,
+			Event: sm.Kind(ev), Status: tr.Status, Now: p.now, Report: report}
+		for _, a := range tr.Actions {
+			switch a := a.(type) {
+			case sm.CompleteRun:
+				t.Terminal, t.Output = true, a.Output
+			case sm.FailRun:
+				t.Terminal, t.Error = true, &a.Error
+			case sm.CancelRun:
+				t.Terminal, t.Error = true, &sm.Error{Code: sm.CodeCancelled, Message: a.Reason}
+			}
+		}
+		for _, h := range p.c.opts.Hooks {
+			h(t, batchQueuer{&p.b})
+		}
 	}
 	for i, a := range tr.Actions {
 		if p.c.fault != nil && p.c.fault(i) {
@@ -175,7 +196,12 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			return fmt.Errorf("engine: no persistence for action %T", a)
 		}
 	}
-	detail, err := json.Marshal(timelineDetail(ev, tr))
+	d := timelineDetail(ev, tr)
+	if report != nil {
+		// Who ran the attempt, and since when: the audit trail of usage.
+		d["worker"], d["started_at"] = report.Worker, report.StartedAt
+	}
+	detail, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("timeline detail: %w", err)
 	}
@@ -194,6 +220,28 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		return fmt.Errorf("persist transition: %w", err)
 	}
 	return nil
+}
+
+type batchQueuer struct{ b *pgx.Batch }
+
+func (q batchQueuer) Queue(sql string, args ...any) { q.b.Queue(sql, args...) }
+
+// report describes the attempt a worker's result ends: a result for an
+// attempt the worker leased (not an unleased report, nor the sweeper's).
+func (p *persister) report(ev sm.Event, ref eventRef) *AttemptReport {
+	if ref.owner == "" || ref.pendingOnly || ref.task == uuid.Nil {
+		return nil
+	}
+	switch ev.(type) {
+	case sm.NodeCompleted, sm.NodeFailed:
+	default:
+		return nil
+	}
+	started, ok := p.started[ref.node]
+	if !ok {
+		return nil // not running: the guards will ignore this report
+	}
+	return &AttemptReport{Task: ref.task, Node: ref.node, Attempt: ref.attempt, Worker: ref.owner, StartedAt: started}
 }
 
 func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {

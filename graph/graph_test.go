@@ -35,6 +35,7 @@ type tenantWorld struct {
 	owner, developer, viewer string // tokens
 	workflow, run, key       string // ids
 	waitingRun               string // a run parked on a signal
+	endpoint, delivery       string // a webhook endpoint and its test ping
 }
 
 const waitDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true}}]}`
@@ -63,6 +64,15 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 	}
 	sys.GraphQL(w.owner, `mutation { createApiKey(input: {name: "ci", scopes: ["runs:read"]}) { apiKey { id } secret } }`, nil).Decode(t, &key)
 	w.key = key.CreateApiKey.ApiKey.ID
+	var ep struct {
+		CreateWebhookEndpoint struct{ Endpoint struct{ ID string } }
+	}
+	sys.GraphQL(w.owner, `mutation { createWebhookEndpoint(input: {url: "https://127.0.0.1:9/", eventTypes: ["run.failed"]}) { endpoint { id } } }`,
+		nil).Decode(t, &ep)
+	w.endpoint = ep.CreateWebhookEndpoint.Endpoint.ID
+	var ping struct{ SendWebhookTestPing struct{ ID string } }
+	sys.GraphQL(w.owner, `mutation($e: ID!) { sendWebhookTestPing(endpointId: $e) { id } }`, map[string]any{"e": w.endpoint}).Decode(t, &ping)
+	w.delivery = ping.SendWebhookTestPing.ID
 	return w
 }
 
@@ -104,7 +114,24 @@ var idCases = map[string]idCase{
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"RunFilter.workflowId": {query: `query($id: ID!) { runs(filter: {workflowId: $id}) { edges { node { id } } } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }, listEmpty: "runs"},
+	"Query.webhookEndpoint.id": {query: `query($id: ID!) { webhookEndpoint(id: $id) { id } }`, vars: endpointOf},
+	"Query.webhookDelivery.id": {query: `query($id: ID!) { webhookDelivery(id: $id) { id } }`, vars: deliveryOf},
+	"Query.webhookDeliveries.endpointId": {query: `query($id: ID!) { webhookDeliveries(endpointId: $id) { edges { node { id } } } }`,
+		vars: endpointOf, listEmpty: "webhookDeliveries"},
+	"Query.webhookDeliveries.runId": {query: `query($id: ID!) { webhookDeliveries(runId: $id) { edges { node { id } } } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }, listEmpty: "webhookDeliveries"},
+	"Mutation.updateWebhookEndpoint.id": {query: `mutation($id: ID!) { updateWebhookEndpoint(id: $id, input: {url: "https://127.0.0.1:10/"}) { id } }`,
+		vars: endpointOf},
+	"Mutation.rotateWebhookSecret.id":    {query: `mutation($id: ID!) { rotateWebhookSecret(id: $id) { secret } }`, vars: endpointOf},
+	"Mutation.disableWebhookEndpoint.id": {query: `mutation($id: ID!) { disableWebhookEndpoint(id: $id) { id } }`, vars: endpointOf},
+	"Mutation.deleteWebhookEndpoint.id":  {query: `mutation($id: ID!) { deleteWebhookEndpoint(id: $id) }`, vars: endpointOf},
+	"Mutation.sendWebhookTestPing.endpointId": {query: `mutation($id: ID!) { sendWebhookTestPing(endpointId: $id) { id } }`,
+		vars: endpointOf},
+	"Mutation.redeliverWebhook.deliveryId": {query: `mutation($id: ID!) { redeliverWebhook(deliveryId: $id) { id } }`, vars: deliveryOf},
 }
+
+func endpointOf(a tenantWorld) map[string]any { return map[string]any{"id": a.endpoint} }
+func deliveryOf(a tenantWorld) map[string]any { return map[string]any{"id": a.delivery} }
 
 // schemaIDFields lists "Type.field.arg" for every ID argument and
 // "Input.field" for every ID input field of the schema.
@@ -190,10 +217,23 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	for _, k := range keys.ApiKeys {
 		assert.Nil(t, k.RevokedAt)
 	}
+	var eps struct {
+		WebhookEndpoints []struct {
+			ID, URL string
+			Enabled bool
+			Secrets []struct{ ID string }
+		}
+	}
+	sys.GraphQL(a.owner, `{ webhookEndpoints { id url enabled secrets { id } } }`, nil).Decode(t, &eps)
+	require.Len(t, eps.WebhookEndpoints, 1, "B deleted A's endpoint")
+	assert.Equal(t, "https://127.0.0.1:9/", eps.WebhookEndpoints[0].URL)
+	assert.True(t, eps.WebhookEndpoints[0].Enabled)
+	assert.Len(t, eps.WebhookEndpoints[0].Secrets, 1, "B rotated A's secret")
 	// B's lists contain nothing of A's.
-	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } } }`, nil)
+	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
+		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } }`, nil)
 	require.Empty(t, res.Errors)
-	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String()} {
+	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery} {
 		assert.NotContains(t, string(res.Data), id)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/base64"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
@@ -115,4 +117,45 @@ func (r *Resolver) signal(ctx context.Context, id uuid.UUID, s engine.Signal) (*
 		out.Reason = &ack.Reason
 	}
 	return out, nil
+}
+
+// parsePeriod reads a billing period argument ("" or nil: this month).
+func parsePeriod(period *string) (billing.Period, error) {
+	var s string
+	if period != nil {
+		s = *period
+	}
+	p, err := billing.ParsePeriod(s, time.Now())
+	if err != nil {
+		return billing.Period{}, errs.E(errs.Invalid, "period: %v", err)
+	}
+	return p, nil
+}
+
+// invoice prices the principal's tenant's usage in p (billing:read); it
+// is computed once per request and period.
+func (r *Resolver) invoice(ctx context.Context, p billing.Period) (billing.Invoice, time.Time, error) {
+	var inv billing.Invoice
+	var asOf time.Time
+	err := r.inTenant(ctx, auth.ActionBillingRead, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		inv, asOf, err = billing.Preview(ctx, tx, p)
+		return err
+	})
+	return inv, asOf, err
+}
+
+// manageWebhooks runs fn in a webhooks:manage tenant transaction and
+// returns what it produced.
+func manageWebhooks[T any](ctx context.Context, r *Resolver, fn func(ctx context.Context, tx *tenants.Tx) (T, error)) (*T, error) {
+	var out T
+	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		out, err = fn(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
 }

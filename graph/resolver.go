@@ -20,6 +20,7 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/webhooks"
 )
 
 // Resolver is the root resolver; it carries the gateway's dependencies.
@@ -30,7 +31,9 @@ type Resolver struct {
 	Live  *Live
 	// Limiter shapes run starts per tenant; nil starts are not rate limited.
 	Limiter *tenants.RateLimiter
-	Log     *zap.Logger
+	// Webhooks manages webhook endpoints and deliveries.
+	Webhooks webhooks.Service
+	Log      *zap.Logger
 }
 
 func principal(ctx context.Context) (auth.Principal, error) {

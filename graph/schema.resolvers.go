@@ -9,8 +9,10 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"time"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
@@ -507,9 +509,13 @@ func (r *tenantResolver) Limits(ctx context.Context, obj *tenants.Tenant) (*tena
 }
 
 // Usage is the resolver for the usage field.
-func (r *tenantResolver) Usage(ctx context.Context, obj *tenants.Tenant) (*model.TenantUsage, error) {
+func (r *tenantResolver) Usage(ctx context.Context, obj *tenants.Tenant, period *string) (*model.TenantUsage, error) {
+	p, err := parsePeriod(period)
+	if err != nil {
+		return nil, err
+	}
 	var u engine.Usage
-	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
 		var err error
 		u, err = engine.TenantUsage(ctx, tx)
 		return err
@@ -517,7 +523,42 @@ func (r *tenantResolver) Usage(ctx context.Context, obj *tenants.Tenant) (*model
 	if err != nil {
 		return nil, err
 	}
-	return &model.TenantUsage{RunningRuns: u.RunningRuns, QueuedTasks: u.QueuedTasks, RunningTasks: u.RunningTasks}, nil
+	return &model.TenantUsage{RunningRuns: u.RunningRuns, QueuedTasks: u.QueuedTasks, RunningTasks: u.RunningTasks, Start: p.Start}, nil
+}
+
+// SpendCapCents is the resolver for the spendCapCents field.
+func (r *tenantLimitsResolver) SpendCapCents(ctx context.Context, obj *tenants.Limits) (*int64, error) {
+	if obj.SpendCapCents <= 0 {
+		return nil, nil
+	}
+	return &obj.SpendCapCents, nil
+}
+
+// Period is the resolver for the period field.
+func (r *tenantUsageResolver) Period(ctx context.Context, obj *model.TenantUsage) (string, error) {
+	return billing.Period{Start: obj.Start}.String(), nil
+}
+
+// Meters is the resolver for the meters field.
+func (r *tenantUsageResolver) Meters(ctx context.Context, obj *model.TenantUsage) ([]model.MeterUsage, error) {
+	inv, _, err := r.invoice(ctx, billing.Period{Start: obj.Start})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]model.MeterUsage, 0, len(inv.Lines))
+	for _, l := range inv.Lines {
+		out = append(out, model.MeterUsage{Meter: l.Meter, Quantity: l.Quantity, Unit: billing.BilledUnit(l.Meter)})
+	}
+	return out, nil
+}
+
+// AsOf is the resolver for the asOf field.
+func (r *tenantUsageResolver) AsOf(ctx context.Context, obj *model.TenantUsage) (*time.Time, error) {
+	_, asOf, err := r.invoice(ctx, billing.Period{Start: obj.Start})
+	if err != nil {
+		return nil, err
+	}
+	return &asOf, nil
 }
 
 // Tenant is the resolver for the tenant field.
@@ -574,6 +615,12 @@ func (r *Resolver) Task() TaskResolver { return &taskResolver{r} }
 // Tenant returns TenantResolver implementation.
 func (r *Resolver) Tenant() TenantResolver { return &tenantResolver{r} }
 
+// TenantLimits returns TenantLimitsResolver implementation.
+func (r *Resolver) TenantLimits() TenantLimitsResolver { return &tenantLimitsResolver{r} }
+
+// TenantUsage returns TenantUsageResolver implementation.
+func (r *Resolver) TenantUsage() TenantUsageResolver { return &tenantUsageResolver{r} }
+
 // Viewer returns ViewerResolver implementation.
 func (r *Resolver) Viewer() ViewerResolver { return &viewerResolver{r} }
 
@@ -588,6 +635,8 @@ type (
 	subscriptionResolver struct{ *Resolver }
 	taskResolver         struct{ *Resolver }
 	tenantResolver       struct{ *Resolver }
+	tenantLimitsResolver struct{ *Resolver }
+	tenantUsageResolver  struct{ *Resolver }
 	viewerResolver       struct{ *Resolver }
 	workflowResolver     struct{ *Resolver }
 )

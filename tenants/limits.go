@@ -26,6 +26,9 @@ type Limits struct {
 	MaxQueuedTasks int `json:"max_queued_tasks,omitempty"`
 	// Weight is the tenant's share when workers choose whose work to read.
 	Weight int `json:"weight,omitempty"`
+	// SpendCapCents, when set, is the most a tenant spends in a month (in
+	// minor units of its plan's currency): at it, new runs are refused.
+	SpendCapCents int64 `json:"spend_cap_cents,omitempty"`
 }
 
 // merge returns l with every zero field taken from def.
@@ -45,11 +48,14 @@ func (l Limits) merge(def Limits) Limits {
 	if l.Weight == 0 {
 		l.Weight = def.Weight
 	}
+	if l.SpendCapCents == 0 {
+		l.SpendCapCents = def.SpendCapCents
+	}
 	return l
 }
 
 func (l Limits) validate() error {
-	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 {
+	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 || l.SpendCapCents < 0 {
 		return errs.E(errs.Invalid, "limits must not be negative (weight at most 1000)")
 	}
 	return nil

@@ -72,6 +72,9 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 	if len(cfg.AllowPrivateNetworks) == 0 {
 		cfg.AllowPrivateNetworks = []string{"127.0.0.0/8", "::1/128"}
 	}
+	if len(cfg.WebhookSecretKeys) == 0 {
+		cfg.WebhookSecretKeys = []string{app.DevWebhookKey}
+	}
 	if cfg.SweepInterval > time.Second {
 		cfg.SweepInterval = time.Second
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/webhooks"
 	"github.com/google/uuid"
 )
 
@@ -28,6 +29,14 @@ type CreateAPIKeyPayload struct {
 	Secret string `json:"secret"`
 }
 
+type CreateWebhookEndpointInput struct {
+	// https (plain http only in development); never a private address.
+	URL string `json:"url"`
+	// run.completed, run.failed, run.cancelled.
+	EventTypes  []string `json:"eventTypes"`
+	Description *string  `json:"description,omitempty"`
+}
+
 type CreateWorkflowInput struct {
 	Name        string          `json:"name"`
 	Description *string         `json:"description,omitempty"`
@@ -37,6 +46,47 @@ type CreateWorkflowInput struct {
 type CreateWorkflowPayload struct {
 	Workflow *engine.Workflow `json:"workflow"`
 	Version  *engine.Version  `json:"version"`
+}
+
+type Invoice struct {
+	Period string `json:"period"`
+	Plan   string `json:"plan"`
+	// ISO 4217 code; every amount is in its minor units (cents).
+	Currency      string            `json:"currency"`
+	BaseFeeCents  int64             `json:"baseFeeCents"`
+	LineItems     []InvoiceLineItem `json:"lineItems"`
+	TotalCents    int64             `json:"totalCents"`
+	SpendCapCents *int64            `json:"spendCapCents,omitempty"`
+	// What stops new runs now: meters at their plan's hard cap, and spend_cap.
+	CapsReached []string `json:"capsReached"`
+	// Usage is complete up to this instant (the last rollup).
+	AsOf time.Time `json:"asOf"`
+}
+
+type InvoiceLineItem struct {
+	Meter string `json:"meter"`
+	// Usage in billed units (step seconds: the period's total, rounded up).
+	Quantity int64 `json:"quantity"`
+	// Units the base fee covers.
+	Included int64 `json:"included"`
+	// quantity beyond included.
+	Billable int64 `json:"billable"`
+	// Price per billable unit in millionths of the currency unit (1 cent = 10000).
+	UnitPriceMicros int64 `json:"unitPriceMicros"`
+	// billable × unitPriceMicros, rounded half up to cents.
+	AmountCents int64 `json:"amountCents"`
+	// At this quantity new runs are refused (null: no cap).
+	HardCap    *int64 `json:"hardCap,omitempty"`
+	CapReached bool   `json:"capReached"`
+}
+
+// One meter's usage in a period, in the unit it is billed in.
+type MeterUsage struct {
+	// runs_started, steps_executed, step_seconds or webhook_deliveries.
+	Meter    string `json:"meter"`
+	Quantity int64  `json:"quantity"`
+	// run, step, second or delivery.
+	Unit string `json:"unit"`
 }
 
 type Mutation struct {
@@ -99,13 +149,11 @@ type StartRunPayload struct {
 type Subscription struct {
 }
 
-// What the tenant is using now.
-type TenantUsage struct {
-	RunningRuns int `json:"runningRuns"`
-	// Tasks waiting for a worker (queue depth).
-	QueuedTasks int `json:"queuedTasks"`
-	// Tasks running now, against limits.maxRunningTasks.
-	RunningTasks int `json:"runningTasks"`
+type UpdateWebhookEndpointInput struct {
+	URL         *string  `json:"url,omitempty"`
+	EventTypes  []string `json:"eventTypes,omitempty"`
+	Description *string  `json:"description,omitempty"`
+	Enabled     *bool    `json:"enabled,omitempty"`
 }
 
 type Viewer struct {
@@ -116,6 +164,22 @@ type Viewer struct {
 	// For API keys.
 	Scopes []string        `json:"scopes"`
 	Tenant *tenants.Tenant `json:"tenant"`
+}
+
+type WebhookDeliveryConnection struct {
+	Edges    []WebhookDeliveryEdge `json:"edges"`
+	PageInfo *PageInfo             `json:"pageInfo"`
+}
+
+type WebhookDeliveryEdge struct {
+	Cursor string             `json:"cursor"`
+	Node   *webhooks.Delivery `json:"node"`
+}
+
+type WebhookEndpointSecret struct {
+	Endpoint *webhooks.Endpoint `json:"endpoint"`
+	// whsec_…: shown once.
+	Secret string `json:"secret"`
 }
 
 type WorkflowConnection struct {
@@ -416,6 +480,65 @@ func (e *TaskState) UnmarshalJSON(b []byte) error {
 }
 
 func (e TaskState) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type WebhookDeliveryState string
+
+const (
+	WebhookDeliveryStatePending   WebhookDeliveryState = "PENDING"
+	WebhookDeliveryStateFailed    WebhookDeliveryState = "FAILED"
+	WebhookDeliveryStateSucceeded WebhookDeliveryState = "SUCCEEDED"
+	WebhookDeliveryStateDead      WebhookDeliveryState = "DEAD"
+)
+
+var AllWebhookDeliveryState = []WebhookDeliveryState{
+	WebhookDeliveryStatePending,
+	WebhookDeliveryStateFailed,
+	WebhookDeliveryStateSucceeded,
+	WebhookDeliveryStateDead,
+}
+
+func (e WebhookDeliveryState) IsValid() bool {
+	switch e {
+	case WebhookDeliveryStatePending, WebhookDeliveryStateFailed, WebhookDeliveryStateSucceeded, WebhookDeliveryStateDead:
+		return true
+	}
+	return false
+}
+
+func (e WebhookDeliveryState) String() string {
+	return string(e)
+}
+
+func (e *WebhookDeliveryState) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = WebhookDeliveryState(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid WebhookDeliveryState", str)
+	}
+	return nil
+}
+
+func (e WebhookDeliveryState) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *WebhookDeliveryState) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e WebhookDeliveryState) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/engine/stream"
@@ -29,6 +30,7 @@ import (
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
 	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/webhooks"
 	"github.com/composer-dev/composer/workers"
 )
 
@@ -126,10 +128,53 @@ type Server struct {
 	Live        *graph.Live
 	Limiter     *tenants.RateLimiter
 	Mux         *http.ServeMux
+	// Webhooks manages endpoints; Relay delivers (nil without a secret key).
+	Webhooks webhooks.Service
+	Relay    *webhooks.Relay
+	// Background are the server's other loops, run by Run until it stops.
+	Background []func(context.Context)
+}
+
+// hooks are what every transition writes in its own transaction: usage
+// meters and, when a run ends, its webhook deliveries.
+func (s *Server) hooks() []engine.TxHook {
+	return []engine.TxHook{
+		s.meter().Hook,
+		webhooks.Hook,
+	}
+}
+
+func (s *Server) meter() billing.Meter {
+	return billing.Meter{Export: s.Deps.Cfg.BillingExportURL != ""}
+}
+
+// setupWebhooks builds the endpoint service and, when the server has a
+// secret key, the delivery relay.
+func (s *Server) setupWebhooks() error {
+	d := s.Deps
+	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks)
+	if err != nil {
+		return fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS: %w", err)
+	}
+	s.Webhooks = webhooks.Service{Policy: policy, Dev: d.Cfg.Dev}
+	if len(d.Cfg.WebhookSecretKeys) == 0 {
+		d.Log.Warn("webhooks are off: set COMPOSER_WEBHOOK_SECRET_KEY (openssl rand -base64 32) to enable them")
+		return nil
+	}
+	if s.Webhooks.Keys, err = webhooks.ParseKeyring(d.Cfg.WebhookSecretKeys); err != nil {
+		return fmt.Errorf("COMPOSER_WEBHOOK_SECRET_KEY: %w", err)
+	}
+	s.Relay = &webhooks.Relay{DB: d.DB, Keys: s.Webhooks.Keys, Transport: policy.ResolvingTransport(net.DefaultResolver),
+		Log: d.Log.Named("webhooks"), Meter: s.meter(), DisableAfter: d.Cfg.WebhookDisableAfter,
+		Timeout: d.Cfg.WebhookTimeout, ClaimLease: 3 * d.Cfg.WebhookTimeout,
+		Retention: time.Duration(d.Cfg.WebhookRetentionDays) * 24 * time.Hour}
+	s.Background = append(s.Background, s.Relay.Run)
+	return nil
 }
 
 // admit refuses a new run when the tenant already has as many tasks
-// waiting for a worker as its plan allows. It runs in the start's
+// waiting for a worker as its plan allows, or its usage this month reached
+// a hard cap of its plan or its spend cap. It runs in the start's
 // transaction before anything is written.
 func admit(ctx context.Context, tx *tenants.Tx) error {
 	l, err := tenants.EffectiveLimits(ctx, tx)
@@ -143,7 +188,7 @@ func admit(ctx context.Context, tx *tenants.Tx) error {
 	if full {
 		return errs.E(errs.QuotaExceeded, "the tenant already has %d tasks waiting for a worker, the most its plan allows", l.MaxQueuedTasks)
 	}
-	return nil
+	return billing.CheckCaps(ctx, tx, time.Now())
 }
 
 // ServerOptions adjust a server.
@@ -168,8 +213,14 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	d.DB.LocalOutbox = true
 	s.Live = graph.NewLive(d.Redis, d.Cfg.RedisNamespace, d.Log.Named("live"))
 	s.Limiter = tenants.NewRateLimiter(d.Redis, d.Cfg.RedisNamespace)
+	if err := s.setupWebhooks(); err != nil {
+		return nil, err
+	}
 	onTransition := func(t engine.Transition) {
 		s.Live.Publish(t)
+		if t.Terminal && s.Relay != nil {
+			s.Relay.Wake()
+		}
 		if o.OnTransition != nil {
 			o.OnTransition(t)
 		}
@@ -183,17 +234,25 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition, Admit: admit, Slots: tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
+		}, OnTransition: onTransition, Admit: admit, Hooks: s.hooks(), Slots: tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
 			d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
 		})})
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
 		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
+	rollup := &billing.Rollup{DB: d.DB, Log: d.Log.Named("usage"), Interval: d.Cfg.UsageRollupInterval,
+		Retention: time.Duration(d.Cfg.UsageRetentionDays) * 24 * time.Hour}
+	s.Background = append(s.Background, rollup.Run)
+	if d.Cfg.BillingExportURL != "" {
+		exporter := &billing.Exporter{DB: d.DB, URL: d.Cfg.BillingExportURL, Token: d.Cfg.BillingExportToken, Log: d.Log.Named("usage-export")}
+		s.Background = append(s.Background, exporter.Run)
+	}
 
 	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
-		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter, Log: d.Log.Named("graphql")},
-		Authn:    s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
+		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter,
+			Webhooks: s.Webhooks, Log: d.Log.Named("graphql")},
+		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	if d.Cfg.Dev {
 		s.Mux.Handle("GET /playground", graph.Playground("/graphql"))
@@ -229,6 +288,10 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	go func() { defer wg.Done(); s.Live.Run(ctx) }()
 	go func() { defer wg.Done(); _ = s.Enqueuer.Run(ctx) }()
 	go func() { defer wg.Done(); _ = s.Sweeper.Run(ctx) }()
+	for _, loop := range s.Background {
+		wg.Add(1)
+		go func() { defer wg.Done(); loop(ctx) }()
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.Log.Info("server listening", zap.String("addr", ln.Addr().String()))

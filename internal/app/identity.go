@@ -23,6 +23,11 @@ import (
 // configured. Never use it anywhere else.
 const DevJWTSecret = "composer-dev-only-secret-do-not-use-in-production"
 
+// DevWebhookKey seals webhook secrets under `composer dev` when
+// COMPOSER_WEBHOOK_SECRET_KEY is unset (32 bytes, base64). Never use it in
+// production.
+const DevWebhookKey = "Y29tcG9zZXItZGV2LW9ubHktd2ViaG9vay1rZXkhISE="
+
 // JWTVerifier builds the user-token verifier from the configuration, or
 // returns nil when no key source is configured (then only API keys work).
 func JWTVerifier(d *Deps) (*auth.JWTVerifier, error) {

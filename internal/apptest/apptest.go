@@ -62,6 +62,7 @@ func Config(env *testenv.Env) config.Config {
 	c.ShutdownTimeout = 5 * time.Second
 	c.AllowPrivateNetworks = []string{"127.0.0.0/8", "::1/128"}
 	c.JWTHS256Secret = app.DevJWTSecret
+	c.WebhookSecretKeys = []string{app.DevWebhookKey}
 	c.Dev = true
 	return c
 }

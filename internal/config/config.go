@@ -92,33 +92,64 @@ type Config struct {
 	// AllowPrivateNetworks lists CIDRs that outbound requests to tenant URLs
 	// may reach although they are private (local development and tests only).
 	AllowPrivateNetworks []string
+
+	// BillingExportURL, when set, receives every usage record (a JSON
+	// batch per POST); empty turns export off.
+	BillingExportURL string
+	// BillingExportToken, when set, is sent as a bearer token to the export
+	// endpoint.
+	BillingExportToken string
+	// UsageRollupInterval is how often usage is rolled into hourly and
+	// daily totals.
+	UsageRollupInterval time.Duration
+	// UsageRetentionDays is how long raw usage records are kept once
+	// rolled up (and exported, when export is on).
+	UsageRetentionDays int
+
+	// WebhookSecretKeys seal webhook signing secrets at rest (base64, 32
+	// bytes each; the first seals, all open). Without one, webhook
+	// endpoints cannot be created.
+	WebhookSecretKeys []string
+	// WebhookDisableAfter disables an endpoint failing without a success
+	// for this long.
+	WebhookDisableAfter time.Duration
+	// WebhookRetentionDays is how long finished deliveries are kept.
+	WebhookRetentionDays int
+	// WebhookTimeout bounds one delivery attempt; a relay's claim on a
+	// delivery lasts three times as long.
+	WebhookTimeout time.Duration
 }
 
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
-		DatabaseURL:         "postgres://composer_app:composer@127.0.0.1:5432/composer?sslmode=disable",
-		SystemDatabaseURL:   "postgres://composer_system:composer@127.0.0.1:5432/composer?sslmode=disable",
-		MigrateDatabaseURL:  "postgres://composer_owner:composer@127.0.0.1:5432/composer?sslmode=disable",
-		RedisURL:            "redis://127.0.0.1:6379/0",
-		RedisNamespace:      "composer",
-		DBMaxConns:          32,
-		WorkerQueues:        []string{"default"},
-		WorkerConcurrency:   16,
-		ClaimIdle:           time.Minute,
-		MaxDeliveries:       5,
-		ShutdownTimeout:     30 * time.Second,
-		HTTPAddr:            "127.0.0.1:8080",
-		ServerURL:           "http://127.0.0.1:8080",
-		LogLevel:            "info",
-		LeaseTTL:            30 * time.Second,
-		SweepInterval:       5 * time.Second,
-		LostDispatchAge:     2 * time.Minute,
-		OutboxPollInterval:  time.Second,
-		DefaultStreamShards: 4,
-		RetentionMonths:     3,
-		JWTIssuer:           "composer",
-		JWTAudience:         "composer-api",
+		DatabaseURL:          "postgres://composer_app:composer@127.0.0.1:5432/composer?sslmode=disable",
+		SystemDatabaseURL:    "postgres://composer_system:composer@127.0.0.1:5432/composer?sslmode=disable",
+		MigrateDatabaseURL:   "postgres://composer_owner:composer@127.0.0.1:5432/composer?sslmode=disable",
+		RedisURL:             "redis://127.0.0.1:6379/0",
+		RedisNamespace:       "composer",
+		DBMaxConns:           32,
+		WorkerQueues:         []string{"default"},
+		WorkerConcurrency:    16,
+		ClaimIdle:            time.Minute,
+		MaxDeliveries:        5,
+		ShutdownTimeout:      30 * time.Second,
+		HTTPAddr:             "127.0.0.1:8080",
+		ServerURL:            "http://127.0.0.1:8080",
+		LogLevel:             "info",
+		LeaseTTL:             30 * time.Second,
+		SweepInterval:        5 * time.Second,
+		LostDispatchAge:      2 * time.Minute,
+		OutboxPollInterval:   time.Second,
+		DefaultStreamShards:  4,
+		RetentionMonths:      3,
+		JWTIssuer:            "composer",
+		JWTAudience:          "composer-api",
+		UsageRollupInterval:  time.Minute,
+		UsageRetentionDays:   90,
+		WebhookDisableAfter:  5 * 24 * time.Hour,
+		WebhookRetentionDays: 30,
+		WebhookTimeout:       10 * time.Second,
 	}
 }
 
@@ -159,6 +190,14 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.str("COMPOSER_JWT_HS256_SECRET", &c.JWTHS256Secret)
 	p.str("COMPOSER_JWT_PUBLIC_KEYS_FILE", &c.JWTPublicKeysFile)
 	p.str("COMPOSER_JWKS_FILE", &c.JWKSFile)
+	p.url("COMPOSER_BILLING_EXPORT_URL", &c.BillingExportURL, "http", "https")
+	p.str("COMPOSER_BILLING_EXPORT_TOKEN", &c.BillingExportToken)
+	p.duration("COMPOSER_USAGE_ROLLUP_INTERVAL", &c.UsageRollupInterval, 10*time.Millisecond)
+	p.integer("COMPOSER_USAGE_RETENTION_DAYS", &c.UsageRetentionDays, 1, 3650)
+	p.list("COMPOSER_WEBHOOK_SECRET_KEY", &c.WebhookSecretKeys)
+	p.duration("COMPOSER_WEBHOOK_DISABLE_AFTER", &c.WebhookDisableAfter, time.Minute)
+	p.integer("COMPOSER_WEBHOOK_RETENTION_DAYS", &c.WebhookRetentionDays, 1, 3650)
+	p.duration("COMPOSER_WEBHOOK_TIMEOUT", &c.WebhookTimeout, 100*time.Millisecond)
 	if c.JWTHS256Secret != "" && len(c.JWTHS256Secret) < 32 {
 		p.fail("COMPOSER_JWT_HS256_SECRET", "must be at least 32 bytes")
 	}

@@ -22,6 +22,7 @@
 package ssrf
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -205,4 +206,63 @@ func (p *Policy) Client(timeout time.Duration) *http.Client {
 			return nil
 		},
 	}
+}
+
+// Resolver looks up a host's addresses (*net.Resolver is one; tests pass
+// their own).
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// ResolvingTransport is Transport with name resolution done here, through
+// r, instead of inside the dialer: every resolved address is checked
+// before any socket exists, so a name that resolves to a refused address
+// fails without a connection being attempted, and the address dialed
+// (again checked by Control) is the one that was checked.
+func (p *Policy) ResolvingTransport(r Resolver) *http.Transport {
+	t := p.Transport()
+	d := p.Dialer()
+	t.DialContext = func(ctx context.Context, network, address string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(address)
+		if err != nil {
+			return nil, fmt.Errorf("%w: cannot parse dial address %q", ErrBlocked, address)
+		}
+		var addrs []netip.Addr
+		literal := false
+		if ip, err := netip.ParseAddr(host); err == nil {
+			addrs, literal = []netip.Addr{ip}, true
+		} else {
+			ipNet := "ip"
+			switch network {
+			case "tcp4":
+				ipNet = "ip4"
+			case "tcp6":
+				ipNet = "ip6"
+			}
+			if addrs, err = r.LookupNetIP(ctx, ipNet, host); err != nil {
+				return nil, err
+			}
+		}
+		var refused error
+		for _, ip := range addrs {
+			if err := p.Check(ip.Unmap()); err != nil {
+				if refused == nil && literal {
+					refused = err
+				} else if refused == nil {
+					refused = fmt.Errorf("%w (resolved from %s)", err, host)
+				}
+				continue
+			}
+			conn, err := d.DialContext(ctx, network, net.JoinHostPort(ip.Unmap().String(), port))
+			if err == nil {
+				return conn, nil
+			}
+			refused = err
+		}
+		if refused == nil {
+			refused = fmt.Errorf("%s has no addresses", host)
+		}
+		return nil, refused
+	}
+	return t
 }

@@ -1,0 +1,96 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/tenants"
+)
+
+// Rollup rolls raw usage into hourly and daily totals and drops raw rows
+// past retention. Every replica may run it: passes take the rollup state's
+// row lock, so they run one at a time, and each pass recomputes totals
+// from the raw rows (it sets them, never adds), so a pass repeated, or
+// run on two replicas, leaves the same totals.
+type Rollup struct {
+	DB       *tenants.DB
+	Log      *zap.Logger
+	Interval time.Duration
+	// Retention is how long raw rows are kept after their hour was rolled
+	// up (and, with export on, after they left).
+	Retention time.Duration
+}
+
+// lateness is how far back each pass recomputes before the previous one:
+// a usage row carries its transaction's start time but becomes visible at
+// commit, so a row may appear this long after its timestamp.
+const lateness = 10 * time.Minute
+
+// Run rolls up every Interval until ctx ends.
+func (r *Rollup) Run(ctx context.Context) {
+	t := time.NewTicker(r.Interval)
+	defer t.Stop()
+	for {
+		if _, err := r.Pass(ctx); err != nil && ctx.Err() == nil {
+			r.Log.Warn("usage rollup failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// PassStats reports one pass.
+type PassStats struct {
+	Hours, Days int64
+	Deleted     int64
+	Through     time.Time
+}
+
+// Pass runs one rollup.
+func (r *Rollup) Pass(ctx context.Context) (PassStats, error) {
+	var st PassStats
+	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+		var through time.Time
+		if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1 FOR UPDATE`).Scan(&through); err != nil {
+			return fmt.Errorf("rollup state: %w", err)
+		}
+		from := through.Add(-lateness).Truncate(time.Hour)
+		tag, err := tx.Exec(ctx, `INSERT INTO usage_hourly (tenant_id, meter, hour, quantity)
+			SELECT tenant_id, meter, date_trunc('hour', recorded_at), sum(quantity)
+			  FROM usage_records WHERE recorded_at >= $1 GROUP BY 1, 2, 3
+			ON CONFLICT (tenant_id, meter, hour) DO UPDATE SET quantity = EXCLUDED.quantity, updated_at = now()
+			 WHERE usage_hourly.quantity <> EXCLUDED.quantity`, from)
+		if err != nil {
+			return fmt.Errorf("hourly totals: %w", err)
+		}
+		st.Hours = tag.RowsAffected()
+		tag, err = tx.Exec(ctx, `INSERT INTO usage_daily (tenant_id, meter, day, quantity)
+			SELECT tenant_id, meter, (hour AT TIME ZONE 'UTC')::date, sum(quantity)
+			  FROM usage_hourly WHERE hour >= date_trunc('day', $1::timestamptz AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' GROUP BY 1, 2, 3
+			ON CONFLICT (tenant_id, meter, day) DO UPDATE SET quantity = EXCLUDED.quantity, updated_at = now()
+			 WHERE usage_daily.quantity <> EXCLUDED.quantity`, from)
+		if err != nil {
+			return fmt.Errorf("daily totals: %w", err)
+		}
+		st.Days = tag.RowsAffected()
+		// Raw rows go once rolled up for good (older than this pass's
+		// recompute window), past retention, and not waiting for export.
+		if r.Retention > 0 {
+			tag, err = tx.Exec(ctx, `DELETE FROM usage_records WHERE ctid = ANY(ARRAY(
+				SELECT ctid FROM usage_records WHERE recorded_at < least($1::timestamptz, now() - make_interval(secs => $2))
+				   AND export_state <> 'pending' LIMIT 10000))`, from, r.Retention.Seconds())
+			if err != nil {
+				return fmt.Errorf("usage retention: %w", err)
+			}
+			st.Deleted = tag.RowsAffected()
+		}
+		return tx.QueryRow(ctx, `UPDATE usage_rollup_state SET through = now() WHERE id = 1 RETURNING through`).Scan(&st.Through)
+	})
+	return st, err
+}

@@ -1,0 +1,85 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// Preview prices the period's usage so far, reading the tenant's plan,
+// prices, spend cap and hourly usage totals in one round trip. asOf is
+// the instant the totals are complete up to (the last rollup).
+func Preview(ctx context.Context, tx *tenants.Tx, period Period) (inv Invoice, asOf time.Time, err error) {
+	var plan Plan
+	var spendCap int64
+	usage := map[string]int64{}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT p.name, p.currency, p.base_fee_cents, coalesce(composer_tenant_limit(t.id, 'spend_cap_cents'), 0)
+		FROM tenants t JOIN plans p ON p.name = t.plan WHERE t.id = $1`, tx.Tenant).
+		QueryRow(func(r pgx.Row) error { return r.Scan(&plan.Name, &plan.Currency, &plan.BaseFeeCents, &spendCap) })
+	b.Queue(`SELECT pp.meter, pp.included, pp.unit_price_micros, coalesce(pp.hard_cap, 0)
+		FROM plan_prices pp JOIN tenants t ON t.plan = pp.plan WHERE t.id = $1 ORDER BY pp.meter`, tx.Tenant).
+		Query(func(rows pgx.Rows) error {
+			var pr Price
+			_, err := pgx.ForEachRow(rows, []any{&pr.Meter, &pr.Included, &pr.UnitPriceMicros, &pr.HardCap}, func() error {
+				plan.Prices = append(plan.Prices, pr)
+				return nil
+			})
+			return err
+		})
+	b.Queue(`SELECT through FROM usage_rollup_state WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&asOf) })
+	b.Queue(`SELECT meter, sum(quantity)::bigint FROM usage_hourly
+		WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 GROUP BY meter`, tx.Tenant, period.Start, period.End()).
+		Query(func(rows pgx.Rows) error {
+			var m string
+			var q int64
+			_, err := pgx.ForEachRow(rows, []any{&m, &q}, func() error { usage[m] = q; return nil })
+			return err
+		})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Invoice{}, time.Time{}, errs.E(errs.NotFound, "tenant not found")
+		}
+		return Invoice{}, time.Time{}, fmt.Errorf("usage and pricing: %w", err)
+	}
+	inv, err = Compute(plan, period, usage, spendCap)
+	return inv, asOf, err
+}
+
+// CheckCaps refuses a new run when the tenant's usage this month reached a
+// hard cap of its plan or its spend cap (QUOTA_EXCEEDED). Usage is as of
+// the last rollup, so a cap may be overrun by what one rollup interval
+// adds; runs already started always finish.
+func CheckCaps(ctx context.Context, tx *tenants.Tx, now time.Time) error {
+	inv, _, err := Preview(ctx, tx, PeriodOf(now))
+	if err != nil {
+		return err
+	}
+	caps := inv.CapsReached()
+	if len(caps) == 0 {
+		return nil
+	}
+	var what []string
+	for _, c := range caps {
+		if c == "spend_cap" {
+			what = append(what, fmt.Sprintf("the spend cap of %s %s", formatCents(inv.SpendCapCents), inv.Currency))
+			continue
+		}
+		for _, l := range inv.Lines {
+			if l.Meter == c {
+				what = append(what, fmt.Sprintf("the %s plan's cap of %d %s", inv.Plan, l.HardCap, c))
+			}
+		}
+	}
+	return errs.E(errs.QuotaExceeded, "this month's usage reached %s; runs already started continue, new ones start again next month or after a plan change",
+		strings.Join(what, " and "))
+}
+
+func formatCents(c int64) string { return fmt.Sprintf("%d.%02d", c/100, c%100) }

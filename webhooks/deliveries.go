@@ -1,0 +1,186 @@
+package webhooks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// Delivery states.
+const (
+	StatePending   = "pending"
+	StateFailed    = "failed"
+	StateSucceeded = "succeeded"
+	StateDead      = "dead"
+)
+
+// Delivery is one event for one endpoint, with its attempts.
+type Delivery struct {
+	ID         uuid.UUID
+	EndpointID uuid.UUID
+	EventType  string
+	RunID      *uuid.UUID
+	// Payload is the exact body every attempt sends and signs.
+	Payload string
+	State   string
+	// NextAttemptAt is when the relay sends it next (nil: not scheduled —
+	// finished, or paused while its endpoint is disabled).
+	NextAttemptAt *time.Time
+	LastStatus    *int
+	LastError     *string
+	SucceededAt   *time.Time
+	CreatedAt     time.Time
+	Attempts      []Attempt
+}
+
+// WebhookID is the webhook-id header: the same on every attempt.
+func (d Delivery) WebhookID() string { return MessageID(d.ID) }
+
+// MessageID is a delivery's webhook-id.
+func MessageID(id uuid.UUID) string { return "msg_" + id.String() }
+
+// Attempt is one try at a delivery.
+type Attempt struct {
+	Attempt   int
+	StartedAt time.Time
+	LatencyMs *int
+	// StatusCode is nil when no response came.
+	StatusCode   *int
+	Error        *string
+	ResponseBody *string
+}
+
+// DeliveryFilter narrows List.
+type DeliveryFilter struct {
+	EndpointID *uuid.UUID
+	RunID      *uuid.UUID
+	State      *string
+}
+
+const deliveryColumns = `d.id, d.endpoint_id, d.event_type, d.run_id, d.payload, d.state, d.next_attempt_at,
+	d.last_status, d.last_error, d.succeeded_at, d.created_at`
+
+func scanDelivery(row pgx.Row) (Delivery, error) {
+	var d Delivery
+	err := row.Scan(&d.ID, &d.EndpointID, &d.EventType, &d.RunID, &d.Payload, &d.State, &d.NextAttemptAt,
+		&d.LastStatus, &d.LastError, &d.SucceededAt, &d.CreatedAt)
+	return d, err
+}
+
+// Deliveries lists deliveries newest first, n at most, before the id
+// after (a cursor), each with its attempts; more reports a next page.
+func (s Service) Deliveries(ctx context.Context, tx *tenants.Tx, f DeliveryFilter, n int, after *uuid.UUID) (out []Delivery, more bool, err error) {
+	if f.State != nil {
+		switch *f.State {
+		case StatePending, StateFailed, StateSucceeded, StateDead:
+		default:
+			return nil, false, errs.E(errs.Invalid, "state: unknown delivery state %q", *f.State)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries d
+		WHERE d.tenant_id = $1 AND ($2::uuid IS NULL OR d.endpoint_id = $2) AND ($3::uuid IS NULL OR d.run_id = $3)
+		  AND ($4::text IS NULL OR d.state = $4) AND ($5::uuid IS NULL OR d.id < $5)
+		ORDER BY d.id DESC LIMIT $6`, tx.Tenant, f.EndpointID, f.RunID, f.State, after, n+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("list deliveries: %w", err)
+	}
+	out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Delivery, error) { return scanDelivery(r) })
+	if err != nil {
+		return nil, false, fmt.Errorf("list deliveries: %w", err)
+	}
+	if len(out) > n {
+		out, more = out[:n], true
+	}
+	return out, more, s.attachAttempts(ctx, tx, out)
+}
+
+// attachAttempts loads the attempts of a page of deliveries in one query.
+func (s Service) attachAttempts(ctx context.Context, tx *tenants.Tx, ds []Delivery) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(ds))
+	at := make(map[uuid.UUID]int, len(ds))
+	for i, d := range ds {
+		ids[i], at[d.ID] = d.ID, i
+	}
+	rows, err := tx.Query(ctx, `SELECT delivery_id, attempt, started_at, latency_ms, status_code, error, response_body
+		FROM webhook_attempts WHERE tenant_id = $1 AND delivery_id = ANY($2) ORDER BY delivery_id, attempt`, tx.Tenant, ids)
+	if err != nil {
+		return fmt.Errorf("list attempts: %w", err)
+	}
+	var id uuid.UUID
+	var a Attempt
+	_, err = pgx.ForEachRow(rows, []any{&id, &a.Attempt, &a.StartedAt, &a.LatencyMs, &a.StatusCode, &a.Error, &a.ResponseBody}, func() error {
+		ds[at[id]].Attempts = append(ds[at[id]].Attempts, a)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("list attempts: %w", err)
+	}
+	return nil
+}
+
+// Delivery returns one delivery with its attempts, or NOT_FOUND.
+func (s Service) Delivery(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Delivery, error) {
+	d, err := scanDelivery(tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries d WHERE d.tenant_id = $1 AND d.id = $2`, tx.Tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Delivery{}, errs.E(errs.NotFound, "webhook delivery %s not found", id)
+	}
+	if err != nil {
+		return Delivery{}, fmt.Errorf("read delivery: %w", err)
+	}
+	one := []Delivery{d}
+	err = s.attachAttempts(ctx, tx, one)
+	return one[0], err
+}
+
+// Redeliver sends a delivery again now, whatever its state, with the same
+// webhook-id and body, and a fresh retry schedule. Its endpoint must be
+// enabled.
+func (s Service) Redeliver(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Delivery, error) {
+	var enabled bool
+	err := tx.QueryRow(ctx, `SELECT e.enabled FROM webhook_deliveries d JOIN webhook_endpoints e
+		ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id WHERE d.tenant_id = $1 AND d.id = $2`, tx.Tenant, id).Scan(&enabled)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Delivery{}, errs.E(errs.NotFound, "webhook delivery %s not found", id)
+	}
+	if err != nil {
+		return Delivery{}, fmt.Errorf("read delivery: %w", err)
+	}
+	if !enabled {
+		return Delivery{}, errs.E(errs.Conflict, "the delivery's endpoint is disabled; enable it first")
+	}
+	if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = CASE WHEN state IN ('succeeded', 'dead') THEN 'pending' ELSE state END,
+		retry_step = 0, next_attempt_at = now(), updated_at = now() WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id); err != nil {
+		return Delivery{}, fmt.Errorf("redeliver: %w", err)
+	}
+	return s.Delivery(ctx, tx, id)
+}
+
+// Ping queues a webhook.test delivery to one endpoint (enabled or not:
+// a ping checks a fix before re-enabling).
+func (s Service) Ping(ctx context.Context, tx *tenants.Tx, endpoint uuid.UUID, now time.Time) (Delivery, error) {
+	if err := s.lock(ctx, tx, endpoint); err != nil {
+		return Delivery{}, err
+	}
+	id := uuid.Must(uuid.NewV7())
+	body, err := json.Marshal(map[string]any{"type": EventTest, "timestamp": now.UTC().Format(time.RFC3339Nano),
+		"data": map[string]any{"endpoint_id": endpoint, "message": "a test ping from Composer"}})
+	if err != nil {
+		return Delivery{}, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO webhook_deliveries (tenant_id, id, endpoint_id, event_type, payload)
+		VALUES ($1, $2, $3, $4, $5)`, tx.Tenant, id, endpoint, EventTest, string(body)); err != nil {
+		return Delivery{}, fmt.Errorf("queue ping: %w", err)
+	}
+	return s.Delivery(ctx, tx, id)
+}

@@ -1,0 +1,435 @@
+package webhooks
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/billing"
+	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// DefaultSchedule is the wait before each retry after the first attempt
+// (the Standard Webhooks reference schedule): the last retry is about 27.5
+// hours after the event; after it the delivery is dead.
+var DefaultSchedule = []time.Duration{5 * time.Second, 5 * time.Minute, 30 * time.Minute, 2 * time.Hour,
+	5 * time.Hour, 10 * time.Hour, 10 * time.Hour}
+
+// Relay sends due deliveries. Every replica may run one: a batch is
+// claimed with FOR UPDATE SKIP LOCKED, stamped with a claim token and
+// pushed one claim lease into the future, then sent outside any
+// transaction. A relay that dies mid-delivery leaves the row to fall due
+// again when the lease ends (same webhook-id, same body); the claim token
+// fences a late outcome of a claim that was taken over.
+type Relay struct {
+	DB   *tenants.DB
+	Keys *Keyring
+	// Transport sends the requests; it must be SSRF-safe
+	// (ssrf.Policy.ResolvingTransport).
+	Transport http.RoundTripper
+	Log       *zap.Logger
+	// Meter records webhook_deliveries for each delivery that succeeds.
+	Meter billing.Meter
+	// Schedule is the wait before each retry (default DefaultSchedule),
+	// each varied by ±Jitter (default 0.2) of itself.
+	Schedule []time.Duration
+	Jitter   float64
+	// Timeout bounds one attempt (default 10 s).
+	Timeout time.Duration
+	// DisableAfter disables an endpoint that has failed without a success
+	// for this long (default 5 days).
+	DisableAfter time.Duration
+	// Interval is the poll when idle (default 1 s); Wake cuts it short.
+	Interval time.Duration
+	// ClaimLease is how long a claimed delivery is this relay's (default
+	// three times Timeout; it must exceed Timeout).
+	ClaimLease time.Duration
+	// Batch is the most deliveries claimed, and sent at once, per pass
+	// (default 32).
+	Batch int
+	// Retention is how long finished deliveries and their attempts are
+	// kept (default 30 days).
+	Retention time.Duration
+
+	once   sync.Once
+	wake   chan struct{}
+	client *http.Client
+}
+
+func (r *Relay) init() {
+	r.once.Do(func() {
+		if r.Schedule == nil {
+			r.Schedule = DefaultSchedule
+		}
+		if r.Jitter == 0 {
+			r.Jitter = 0.2
+		}
+		if r.Timeout == 0 {
+			r.Timeout = 10 * time.Second
+		}
+		if r.DisableAfter == 0 {
+			r.DisableAfter = 5 * 24 * time.Hour
+		}
+		if r.Interval == 0 {
+			r.Interval = time.Second
+		}
+		if r.ClaimLease <= r.Timeout {
+			r.ClaimLease = 3 * r.Timeout
+		}
+		if r.Batch == 0 {
+			r.Batch = 32
+		}
+		if r.Retention == 0 {
+			r.Retention = 30 * 24 * time.Hour
+		}
+		if r.Log == nil {
+			r.Log = zap.NewNop()
+		}
+		r.wake = make(chan struct{}, 1)
+		r.client = &http.Client{
+			Transport: r.Transport,
+			Timeout:   r.Timeout,
+			// Redirects are not followed: the endpoint is the URL the tenant
+			// registered, and a redirect could aim anywhere.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	})
+}
+
+// Wake makes the relay look for due deliveries now (called in-process
+// after a run ends; other replicas find them on their next poll).
+func (r *Relay) Wake() {
+	r.init()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run relays until ctx ends.
+func (r *Relay) Run(ctx context.Context) {
+	r.init()
+	poll := time.NewTicker(r.Interval)
+	defer poll.Stop()
+	lastRetention := time.Time{}
+	for {
+		n, err := r.Pass(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.Log.Warn("webhook relay pass failed", zap.Error(err))
+		}
+		if time.Since(lastRetention) > time.Hour {
+			lastRetention = time.Now()
+			if err := r.applyRetention(ctx); err != nil && ctx.Err() == nil {
+				r.Log.Warn("webhook retention failed", zap.Error(err))
+			}
+		}
+		if n == r.Batch && err == nil {
+			continue // more may be due
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// claimed is one delivery this relay is sending.
+type claimed struct {
+	tenant, id, endpoint uuid.UUID
+	eventType            string
+	payload              string
+	attempt, retryStep   int
+	claim                uuid.UUID
+	url                  string
+	keys                 [][]byte
+}
+
+// outcome is how an attempt went.
+type outcome struct {
+	status    *int
+	latencyMs int
+	err       string
+	body      *string
+	ok, gone  bool
+}
+
+// Pass claims one batch, sends it and records the outcomes; it returns how
+// many deliveries it claimed.
+func (r *Relay) Pass(ctx context.Context) (int, error) {
+	r.init()
+	batch, err := r.claim(ctx)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, len(batch))
+	for _, c := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o outcome
+			if c.keys == nil {
+				o = outcome{err: "no signing secret could be opened; rotate the endpoint's secret"}
+			} else {
+				o = r.send(ctx, c)
+			}
+			if ctx.Err() != nil {
+				return // shutting down: the claim lease hands it to another relay
+			}
+			if err := r.record(context.WithoutCancel(ctx), c, o); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	var errsAll []error
+	for err := range errc {
+		errsAll = append(errsAll, err)
+	}
+	return len(batch), errors.Join(errsAll...)
+}
+
+func (r *Relay) claim(ctx context.Context) ([]claimed, error) {
+	var out []claimed
+	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+		out = out[:0]
+		rows, err := tx.Query(ctx, `WITH due AS (
+			SELECT d.tenant_id, d.id FROM webhook_deliveries d
+			  JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
+			 WHERE d.next_attempt_at <= now() AND (e.enabled OR d.event_type = 'webhook.test')
+			 ORDER BY d.next_attempt_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED)
+			UPDATE webhook_deliveries d SET claim = gen_random_uuid(), attempts = d.attempts + 1,
+			       next_attempt_at = now() + make_interval(secs => $2), last_attempt_at = now(), updated_at = now()
+			  FROM due WHERE d.tenant_id = due.tenant_id AND d.id = due.id
+			RETURNING d.tenant_id, d.id, d.endpoint_id, d.event_type, d.payload, d.attempts, d.retry_step, d.claim,
+			          (SELECT url FROM webhook_endpoints e WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id)`,
+			r.Batch, r.ClaimLease.Seconds())
+		if err != nil {
+			return fmt.Errorf("claim deliveries: %w", err)
+		}
+		for rows.Next() {
+			var c claimed
+			if err := rows.Scan(&c.tenant, &c.id, &c.endpoint, &c.eventType, &c.payload, &c.attempt, &c.retryStep, &c.claim, &c.url); err != nil {
+				rows.Close()
+				return fmt.Errorf("claim deliveries: %w", err)
+			}
+			out = append(out, c)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("claim deliveries: %w", err)
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		tenantIDs, ids, attempts := make([]uuid.UUID, len(out)), make([]uuid.UUID, len(out)), make([]int, len(out))
+		endpoints := make([]uuid.UUID, len(out))
+		for i, c := range out {
+			tenantIDs[i], ids[i], attempts[i], endpoints[i] = c.tenant, c.id, c.attempt, c.endpoint
+		}
+		// The attempt is logged as lost until its outcome replaces that.
+		if _, err := tx.Exec(ctx, `INSERT INTO webhook_attempts (tenant_id, delivery_id, attempt, started_at, error)
+			SELECT t, d, a, now(), 'no outcome: the relay stopped during the attempt'
+			  FROM unnest($1::uuid[], $2::uuid[], $3::int[]) AS x (t, d, a)
+			ON CONFLICT DO NOTHING`, tenantIDs, ids, attempts); err != nil {
+			return fmt.Errorf("log attempts: %w", err)
+		}
+		// Secrets valid now, the current (newest) first.
+		rows, err = tx.Query(ctx, `SELECT s.tenant_id, s.endpoint_id, s.id, s.ciphertext FROM webhook_secrets s
+			 WHERE (s.tenant_id, s.endpoint_id) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
+			   AND (s.expires_at IS NULL OR s.expires_at > now())
+			 ORDER BY s.id DESC`, tenantIDs, endpoints)
+		if err != nil {
+			return fmt.Errorf("read secrets: %w", err)
+		}
+		keys := map[[2]uuid.UUID][][]byte{}
+		var t, e, sid uuid.UUID
+		var sealed []byte
+		for rows.Next() {
+			if err := rows.Scan(&t, &e, &sid, &sealed); err != nil {
+				rows.Close()
+				return fmt.Errorf("read secrets: %w", err)
+			}
+			k := [2]uuid.UUID{t, e}
+			key, err := r.Keys.Open(sealed, t, e, sid)
+			if err != nil {
+				r.Log.Error("webhook secret does not open", zap.Stringer("tenant", t), zap.Stringer("endpoint", e), zap.Error(err))
+				continue
+			}
+			keys[k] = append(keys[k], key)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read secrets: %w", err)
+		}
+		for i := range out {
+			out[i].keys = keys[[2]uuid.UUID{out[i].tenant, out[i].endpoint}]
+		}
+		return nil
+	})
+	return out, err
+}
+
+const maxResponseBody = 2 << 10
+
+func (r *Relay) send(ctx context.Context, c claimed) outcome {
+	body := []byte(c.payload)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	if err != nil {
+		return outcome{err: "invalid endpoint URL: " + err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "Composer-Webhooks/1")
+	Headers(req.Header, MessageID(c.id), time.Now(), body, c.keys...)
+	start := time.Now()
+	resp, err := r.client.Do(req)
+	o := outcome{latencyMs: int(time.Since(start).Milliseconds())}
+	if err != nil {
+		o.err = r.describe(err)
+		return o
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // reuse the connection
+	text := strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
+	code := resp.StatusCode
+	o.status, o.body = &code, &text
+	switch {
+	case code >= 200 && code < 300:
+		o.ok = true
+	case code == http.StatusGone:
+		o.gone, o.err = true, "410 Gone: the endpoint asked to stop receiving webhooks"
+	case code >= 300 && code < 400:
+		o.err = fmt.Sprintf("HTTP %d: redirects are not followed (Location: %s)", code, truncate(resp.Header.Get("Location"), 300))
+	default:
+		o.err = fmt.Sprintf("HTTP %d", code)
+	}
+	return o
+}
+
+// describe says why a request got no response, for the tenant.
+func (r *Relay) describe(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var ne interface{ Timeout() bool }
+	switch {
+	case errors.Is(err, ssrf.ErrBlocked):
+		return "refused before connecting: " + err.Error() + " (webhooks may only call public addresses)"
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Sprintf("no response within %s", r.Timeout)
+	}
+	return truncate(err.Error(), 1000)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
+// delay is the wait before retry number step (1-based), with jitter; ok is
+// false once the schedule is spent.
+func (r *Relay) delay(step int) (time.Duration, bool) {
+	if step > len(r.Schedule) {
+		return 0, false
+	}
+	d := r.Schedule[step-1]
+	j := 1 + r.Jitter*(2*rand.Float64()-1)
+	return time.Duration(float64(d) * j), true
+}
+
+func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
+	test := c.eventType == EventTest
+	return r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+		var errText *string
+		if o.err != "" {
+			errText = &o.err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE webhook_attempts SET latency_ms = $4, status_code = $5, error = $6, response_body = $7
+			WHERE tenant_id = $1 AND delivery_id = $2 AND attempt = $3`,
+			c.tenant, c.id, c.attempt, o.latencyMs, o.status, errText, o.body); err != nil {
+			return fmt.Errorf("record attempt: %w", err)
+		}
+		var state string
+		var wait time.Duration
+		switch {
+		case o.ok:
+			state = StateSucceeded
+		case test:
+			state = StateDead // a ping is one attempt
+		default:
+			var more bool
+			if wait, more = r.delay(c.retryStep + 1); more {
+				state = StateFailed
+			} else {
+				state = StateDead
+			}
+		}
+		tag, err := tx.Exec(ctx, `UPDATE webhook_deliveries d SET state = $4, claim = NULL,
+			retry_step = CASE WHEN $4 = 'succeeded' THEN d.retry_step ELSE d.retry_step + 1 END,
+			next_attempt_at = CASE WHEN $4 = 'failed' AND (SELECT enabled FROM webhook_endpoints e
+			    WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id) THEN now() + make_interval(secs => $5) END,
+			last_status = $6, last_error = $7, succeeded_at = CASE WHEN $4 = 'succeeded' THEN now() ELSE d.succeeded_at END,
+			updated_at = now()
+			WHERE d.tenant_id = $1 AND d.id = $2 AND d.claim = $3`,
+			c.tenant, c.id, c.claim, state, wait.Seconds(), o.status, errText)
+		if err != nil {
+			return fmt.Errorf("record delivery: %w", err)
+		}
+		if tag.RowsAffected() == 0 || test {
+			return nil // the claim was taken over (its holder records), or a ping
+		}
+		if o.ok {
+			if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now()
+				WHERE tenant_id = $1 AND id = $2`, c.tenant, c.endpoint); err != nil {
+				return fmt.Errorf("endpoint health: %w", err)
+			}
+			return r.Meter.Record(ctx, tx, c.tenant, billing.WebhookDeliveries, c.id.String(), 1)
+		}
+		var enabled, tooLong bool
+		var since time.Time
+		if err := tx.QueryRow(ctx, `UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, now())
+			WHERE tenant_id = $1 AND id = $2
+			RETURNING enabled, failing_since, failing_since < now() - make_interval(secs => $3)`,
+			c.tenant, c.endpoint, r.DisableAfter.Seconds()).Scan(&enabled, &since, &tooLong); err != nil {
+			return fmt.Errorf("endpoint health: %w", err)
+		}
+		switch {
+		case !enabled:
+		case o.gone:
+			return SetEnabled(ctx, tx, c.tenant, c.endpoint, false,
+				fmt.Sprintf("the endpoint answered 410 Gone at %s", time.Now().UTC().Format(time.RFC3339)))
+		case tooLong:
+			return SetEnabled(ctx, tx, c.tenant, c.endpoint, false,
+				fmt.Sprintf("no successful delivery since %s (last: %s)", since.UTC().Format(time.RFC3339), truncate(o.err, 500)))
+		}
+		return nil
+	})
+}
+
+func (r *Relay) applyRetention(ctx context.Context) error {
+	return r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM webhook_deliveries WHERE ctid = ANY(ARRAY(
+			SELECT ctid FROM webhook_deliveries WHERE created_at < now() - make_interval(secs => $1)
+			   AND state IN ('succeeded', 'dead') LIMIT 10000))`, r.Retention.Seconds())
+		return err
+	})
+}
