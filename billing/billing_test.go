@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -70,8 +71,16 @@ func daily(t *testing.T, env *testenv.Env) map[string]int64 {
 func TestRollupIsIdempotentAndSafeOnManyReplicas(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
 	ctx := context.Background()
+	// Buckets are UTC hours whatever the session time zone: run every pass
+	// in a zone half an hour off UTC.
+	_, err := env.Owner(t).Exec(ctx, `ALTER DATABASE `+env.DBName+` SET timezone = 'Asia/Kolkata'`)
+	require.NoError(t, err)
+	env.System.Reset()
+	var tz string
+	require.NoError(t, env.System.QueryRow(ctx, `SHOW timezone`).Scan(&tz))
+	require.Equal(t, "Asia/Kolkata", tz)
+	db := &tenants.DB{App: env.App, System: env.System}
 	a, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
 	b, err := db.Create(ctx, tenants.CreateParams{Name: "b"})
@@ -127,6 +136,36 @@ func TestRollupIsIdempotentAndSafeOnManyReplicas(t *testing.T) {
 	_, err = r.Pass(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, before, hourly(t, env), "a repeated pass changes nothing")
+}
+
+// TestRetentionKeepsWhatWasNotExported: raw rows past retention go when
+// their export is settled (sent, or export off); rows still to be sent
+// and dead-lettered ones stay.
+func TestRetentionKeepsWhatWasNotExported(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewPG(t)
+	db := &tenants.DB{App: env.App, System: env.System}
+	ctx := context.Background()
+	a, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	require.NoError(t, err)
+	old := time.Now().Add(-48 * time.Hour)
+	for _, state := range []string{"none", "sent", "pending", "dead"} {
+		_, err := env.System.Exec(ctx, `INSERT INTO usage_records (tenant_id, key, meter, quantity, recorded_at, export_state)
+			VALUES ($1, $2, 'runs_started', 1, $3, $2)`, a.ID, state, old)
+		require.NoError(t, err)
+	}
+	r := &billing.Rollup{DB: db, Log: zap.NewNop(), Retention: time.Hour}
+	_, err = r.Pass(ctx) // rolls them up: nothing is deleted before that
+	require.NoError(t, err)
+	st, err := r.Pass(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), st.Deleted)
+	rows, err := env.System.Query(ctx, `SELECT key FROM usage_records ORDER BY key`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	assert.Equal(t, []string{"dead", "pending"}, left)
+	assert.Equal(t, int64(4), hourly(t, env)[a.ID.String()+"/runs_started/"+old.UTC().Format("2006-01-02T15")], "totals keep them")
 }
 
 // TestMetersAreWrittenWithTheTransitionAndOnlyOnce: a run's start and its

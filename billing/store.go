@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
@@ -14,7 +16,7 @@ import (
 )
 
 // Preview prices the period's usage so far, reading the tenant's plan,
-// prices, spend cap and hourly usage totals in one round trip. asOf is
+// prices, spend cap and daily usage totals in one round trip. asOf is
 // the instant the totals are complete up to (the last rollup).
 func Preview(ctx context.Context, tx *tenants.Tx, period Period) (inv Invoice, asOf time.Time, err error) {
 	var plan Plan
@@ -35,8 +37,11 @@ func Preview(ctx context.Context, tx *tenants.Tx, period Period) (inv Invoice, a
 			return err
 		})
 	b.Queue(`SELECT through FROM usage_rollup_state WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&asOf) })
-	b.Queue(`SELECT meter, sum(quantity)::bigint FROM usage_hourly
-		WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 GROUP BY meter`, tx.Tenant, period.Start, period.End()).
+	// Daily totals are as current as hourly ones (each rollup recomputes
+	// both) and a month has 31 of them, not 744.
+	b.Queue(`SELECT meter, sum(quantity)::bigint FROM usage_daily
+		WHERE tenant_id = $1 AND day >= $2::date AND day < $3::date GROUP BY meter`,
+		tx.Tenant, period.Start.Format(time.DateOnly), period.End().Format(time.DateOnly)).
 		Query(func(rows pgx.Rows) error {
 			var m string
 			var q int64
@@ -80,6 +85,49 @@ func CheckCaps(ctx context.Context, tx *tenants.Tx, now time.Time) error {
 	}
 	return errs.E(errs.QuotaExceeded, "this month's usage reached %s; runs already started continue, new ones start again next month or after a plan change",
 		strings.Join(what, " and "))
+}
+
+// CapCache remembers that a tenant was under every cap, so that run starts
+// do not price the month each time (that costs about as much as the rest
+// of a start). A remembered pass holds until the next rollup (usage only
+// moves when a rollup commits, so a pass is re-checked as soon as one
+// does) or for TTL, whichever ends first (TTL bounds how late a lowered
+// spend cap or a downgrade takes effect). A tenant at a cap is checked on
+// every start, so a plan change or a raised cap admits it at once.
+type CapCache struct {
+	TTL time.Duration
+	mu  sync.Mutex
+	ok  map[uuid.UUID]capPass
+}
+
+type capPass struct {
+	through, until time.Time
+}
+
+// Check is CheckCaps, skipped while a pass is remembered.
+func (c *CapCache) Check(ctx context.Context, tx *tenants.Tx, now time.Time) error {
+	var through time.Time
+	if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1`).Scan(&through); err != nil {
+		return fmt.Errorf("rollup state: %w", err)
+	}
+	c.mu.Lock()
+	p, hit := c.ok[tx.Tenant]
+	c.mu.Unlock()
+	if hit && p.through.Equal(through) && now.Before(p.until) {
+		return nil
+	}
+	err := CheckCaps(ctx, tx, now)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		delete(c.ok, tx.Tenant)
+		return err
+	}
+	if c.ok == nil || len(c.ok) > 100_000 { // bound memory: forget everyone
+		c.ok = map[uuid.UUID]capPass{}
+	}
+	c.ok[tx.Tenant] = capPass{through: through, until: now.Add(c.TTL)}
+	return nil
 }
 
 func formatCents(c int64) string { return fmt.Sprintf("%d.%02d", c/100, c%100) }

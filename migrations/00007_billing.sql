@@ -31,14 +31,13 @@ CREATE TABLE usage_records (
     export_error    text,
     PRIMARY KEY (tenant_id, key)
 );
-CREATE INDEX usage_records_by_time ON usage_records (tenant_id, recorded_at);
 CREATE INDEX usage_records_rollup_sweep ON usage_records (recorded_at);
 CREATE INDEX usage_records_export_sweep ON usage_records (export_next_at) WHERE export_state = 'pending';
 
 CREATE TABLE usage_hourly (
     tenant_id  uuid NOT NULL REFERENCES tenants (id),
     meter      text NOT NULL,
-    hour       timestamptz NOT NULL CHECK (hour = date_trunc('hour', hour)),
+    hour       timestamptz NOT NULL CHECK (hour = date_trunc('hour', hour, 'UTC')),
     quantity   bigint NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, meter, hour)

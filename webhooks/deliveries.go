@@ -14,6 +14,10 @@ import (
 	"github.com/composer-dev/composer/tenants"
 )
 
+// dueNowUnlessClaimed makes a delivery due now, unless a relay holds a live
+// claim on it (then its lease stands, so nobody sends it concurrently).
+const dueNowUnlessClaimed = `CASE WHEN claim IS NOT NULL AND next_attempt_at > now() THEN next_attempt_at ELSE now() END`
+
 // Delivery states.
 const (
 	StatePending   = "pending"
@@ -159,8 +163,11 @@ func (s Service) Redeliver(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (D
 	if !enabled {
 		return Delivery{}, errs.E(errs.Conflict, "the delivery's endpoint is disabled; enable it first")
 	}
+	// An attempt in flight keeps its claim lease: its outcome counts (a
+	// success satisfies the redelivery; a failure retries from the start
+	// of the schedule).
 	if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = CASE WHEN state IN ('succeeded', 'dead') THEN 'pending' ELSE state END,
-		retry_step = 0, next_attempt_at = now(), updated_at = now() WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id); err != nil {
+		retry_step = 0, next_attempt_at = `+dueNowUnlessClaimed+`, updated_at = now() WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id); err != nil {
 		return Delivery{}, fmt.Errorf("redeliver: %w", err)
 	}
 	return s.Delivery(ctx, tx, id)

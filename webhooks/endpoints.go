@@ -299,7 +299,9 @@ func (s Service) Update(ctx context.Context, tx *tenants.Tx, id uuid.UUID, p Upd
 
 // SetEnabled enables an endpoint (clearing why it was disabled, and
 // resuming its paused deliveries) or disables it with a reason (pausing
-// them). Disabling a disabled endpoint keeps the first reason.
+// them; an attempt in flight finishes, and its outcome pauses it; test
+// pings are not paused). Disabling a disabled endpoint keeps the first
+// reason.
 func SetEnabled(ctx context.Context, tx *tenants.Tx, tenant, id uuid.UUID, enabled bool, reason string) error {
 	if enabled {
 		if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = true, disabled_at = NULL, disabled_reason = NULL,
@@ -307,7 +309,7 @@ func SetEnabled(ctx context.Context, tx *tenants.Tx, tenant, id uuid.UUID, enabl
 			return fmt.Errorf("enable endpoint: %w", err)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = now(), updated_at = now()
-			WHERE tenant_id = $1 AND endpoint_id = $2 AND state IN ('pending', 'failed') AND next_attempt_at IS NULL`, tenant, id); err != nil {
+			WHERE tenant_id = $1 AND endpoint_id = $2 AND state IN ('pending', 'failed') AND next_attempt_at IS NULL AND claim IS NULL`, tenant, id); err != nil {
 			return fmt.Errorf("resume deliveries: %w", err)
 		}
 		return nil
@@ -320,7 +322,8 @@ func SetEnabled(ctx context.Context, tx *tenants.Tx, tenant, id uuid.UUID, enabl
 		return fmt.Errorf("disable endpoint: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = NULL, updated_at = now()
-		WHERE tenant_id = $1 AND endpoint_id = $2 AND state IN ('pending', 'failed') AND next_attempt_at IS NOT NULL`, tenant, id); err != nil {
+		WHERE tenant_id = $1 AND endpoint_id = $2 AND state IN ('pending', 'failed') AND next_attempt_at IS NOT NULL
+		  AND claim IS NULL AND event_type <> 'webhook.test'`, tenant, id); err != nil {
 		return fmt.Errorf("pause deliveries: %w", err)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/billing"
@@ -56,9 +58,10 @@ type Relay struct {
 	// ClaimLease is how long a claimed delivery is this relay's (default
 	// three times Timeout; it must exceed Timeout).
 	ClaimLease time.Duration
-	// Batch is the most deliveries claimed, and sent at once, per pass
-	// (default 32).
+	// Batch is the most deliveries in flight at once (default 32).
 	Batch int
+	// PerTenant is the most of them for one tenant (default Batch/4).
+	PerTenant int
 	// Retention is how long finished deliveries and their attempts are
 	// kept (default 30 days).
 	Retention time.Duration
@@ -91,6 +94,9 @@ func (r *Relay) init() {
 		if r.Batch == 0 {
 			r.Batch = 32
 		}
+		if r.PerTenant <= 0 {
+			r.PerTenant = max(1, r.Batch/4)
+		}
 		if r.Retention == 0 {
 			r.Retention = 30 * 24 * time.Hour
 		}
@@ -118,16 +124,59 @@ func (r *Relay) Wake() {
 	}
 }
 
-// Run relays until ctx ends.
+// Run relays until ctx ends. Up to Batch deliveries are in flight at
+// once, at most a quarter of them (PerTenant) for one tenant, so a tenant
+// whose endpoint hangs cannot take every sender; a freed sender claims
+// again at once.
 func (r *Relay) Run(ctx context.Context) {
 	r.init()
 	poll := time.NewTicker(r.Interval)
 	defer poll.Stop()
+	var (
+		mu       sync.Mutex
+		inFlight = map[uuid.UUID]int{}
+		total    int
+		wg       sync.WaitGroup
+	)
+	defer wg.Wait()
 	lastRetention := time.Time{}
 	for {
-		n, err := r.Pass(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.Log.Warn("webhook relay pass failed", zap.Error(err))
+		mu.Lock()
+		free := r.Batch - total
+		flight := make(map[uuid.UUID]int, len(inFlight))
+		for t, n := range inFlight {
+			flight[t] = n
+		}
+		mu.Unlock()
+		var claimedN int
+		if free > 0 {
+			batch, err := r.claim(ctx, free, flight)
+			if err != nil && ctx.Err() == nil {
+				r.Log.Warn("webhook relay claim failed", zap.Error(err))
+			}
+			claimedN = len(batch)
+			mu.Lock()
+			for _, c := range batch {
+				inFlight[c.tenant]++
+				total++
+			}
+			mu.Unlock()
+			for _, c := range batch {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := r.deliver(ctx, c); err != nil && ctx.Err() == nil {
+						r.Log.Warn("webhook outcome not recorded", zap.Error(err))
+					}
+					mu.Lock()
+					if inFlight[c.tenant]--; inFlight[c.tenant] == 0 {
+						delete(inFlight, c.tenant)
+					}
+					total--
+					mu.Unlock()
+					r.Wake() // a sender is free
+				}()
+			}
 		}
 		if time.Since(lastRetention) > time.Hour {
 			lastRetention = time.Now()
@@ -135,7 +184,7 @@ func (r *Relay) Run(ctx context.Context) {
 				r.Log.Warn("webhook retention failed", zap.Error(err))
 			}
 		}
-		if n == r.Batch && err == nil {
+		if free > 0 && claimedN == free {
 			continue // more may be due
 		}
 		select {
@@ -168,10 +217,10 @@ type outcome struct {
 }
 
 // Pass claims one batch, sends it and records the outcomes; it returns how
-// many deliveries it claimed.
+// many deliveries it claimed. (Run does the same continuously.)
 func (r *Relay) Pass(ctx context.Context) (int, error) {
 	r.init()
-	batch, err := r.claim(ctx)
+	batch, err := r.claim(ctx, r.Batch, nil)
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}
@@ -181,16 +230,7 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var o outcome
-			if c.keys == nil {
-				o = outcome{err: "no signing secret could be opened; rotate the endpoint's secret"}
-			} else {
-				o = r.send(ctx, c)
-			}
-			if ctx.Err() != nil {
-				return // shutting down: the claim lease hands it to another relay
-			}
-			if err := r.record(context.WithoutCancel(ctx), c, o); err != nil {
+			if err := r.deliver(ctx, c); err != nil {
 				errc <- err
 			}
 		}()
@@ -204,21 +244,51 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 	return len(batch), errors.Join(errsAll...)
 }
 
-func (r *Relay) claim(ctx context.Context) ([]claimed, error) {
+// deliver sends one claimed delivery and records the outcome.
+func (r *Relay) deliver(ctx context.Context, c claimed) error {
+	var o outcome
+	if c.keys == nil {
+		o = outcome{err: "no signing secret could be opened; rotate the endpoint's secret"}
+	} else {
+		o = r.send(ctx, c)
+	}
+	if ctx.Err() != nil {
+		return nil // shutting down: the claim lease hands it to another relay
+	}
+	return r.record(context.WithoutCancel(ctx), c, o)
+}
+
+// claim claims up to n due deliveries, for each tenant no more than
+// PerTenant less what it has in flight (inFlight).
+func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([]claimed, error) {
+	flightTenants, flightCounts := make([]uuid.UUID, 0, len(inFlight)), make([]int32, 0, len(inFlight))
+	for t, c := range inFlight {
+		flightTenants, flightCounts = append(flightTenants, t), append(flightCounts, int32(c))
+	}
 	var out []claimed
 	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
 		out = out[:0]
-		rows, err := tx.Query(ctx, `WITH due AS (
-			SELECT d.tenant_id, d.id FROM webhook_deliveries d
-			  JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
-			 WHERE d.next_attempt_at <= now() AND (e.enabled OR d.event_type = 'webhook.test')
-			 ORDER BY d.next_attempt_at LIMIT $1 FOR UPDATE OF d SKIP LOCKED)
+		// Candidates are ranked per tenant without locks (window functions
+		// and FOR UPDATE do not mix), then locked with SKIP LOCKED.
+		rows, err := tx.Query(ctx, `WITH cand AS (
+			SELECT tenant_id, id FROM (
+			    SELECT d.tenant_id, d.id, d.next_attempt_at,
+			           row_number() OVER (PARTITION BY d.tenant_id ORDER BY d.next_attempt_at) AS rank
+			      FROM webhook_deliveries d
+			      JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
+			     WHERE d.next_attempt_at <= now() AND (e.enabled OR d.event_type = 'webhook.test')
+			     ORDER BY d.next_attempt_at LIMIT $1 * 4) c
+			  LEFT JOIN unnest($4::uuid[], $5::int[]) AS f (tenant_id, n) USING (tenant_id)
+			 WHERE rank <= $3 - coalesce(f.n, 0) ORDER BY next_attempt_at LIMIT $1),
+		due AS (
+			SELECT d.tenant_id, d.id FROM webhook_deliveries d JOIN cand USING (tenant_id, id)
+			 WHERE d.next_attempt_at <= now() FOR UPDATE OF d SKIP LOCKED)
 			UPDATE webhook_deliveries d SET claim = gen_random_uuid(), attempts = d.attempts + 1,
 			       next_attempt_at = now() + make_interval(secs => $2), last_attempt_at = now(), updated_at = now()
 			  FROM due WHERE d.tenant_id = due.tenant_id AND d.id = due.id
 			RETURNING d.tenant_id, d.id, d.endpoint_id, d.event_type, d.payload, d.attempts, d.retry_step, d.claim,
 			          (SELECT url FROM webhook_endpoints e WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id)`,
-			r.Batch, r.ClaimLease.Seconds())
+			n, r.ClaimLease.Seconds(), r.PerTenant, flightTenants, flightCounts)
 		if err != nil {
 			return fmt.Errorf("claim deliveries: %w", err)
 		}
@@ -300,7 +370,7 @@ func (r *Relay) send(ctx context.Context, c claimed) outcome {
 	resp, err := r.client.Do(req)
 	o := outcome{latencyMs: int(time.Since(start).Milliseconds())}
 	if err != nil {
-		o.err = r.describe(err)
+		o.err = r.describe(req.URL.Hostname(), err)
 		return o
 	}
 	defer resp.Body.Close()
@@ -322,20 +392,37 @@ func (r *Relay) send(ctx context.Context, c claimed) outcome {
 	return o
 }
 
-// describe says why a request got no response, for the tenant.
-func (r *Relay) describe(err error) string {
+// describe says why a request got no response, for the tenant: what is
+// wrong, but nothing of our network (resolved internal addresses, DNS
+// servers), which goes to the log instead.
+func (r *Relay) describe(host string, err error) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
 	var ne interface{ Timeout() bool }
+	var dnsErr *net.DNSError
+	literal := net.ParseIP(strings.Trim(host, "[]")) != nil
 	switch {
-	case errors.Is(err, ssrf.ErrBlocked):
+	case errors.Is(err, ssrf.ErrBlocked) && literal:
 		return "refused before connecting: " + err.Error() + " (webhooks may only call public addresses)"
+	case errors.Is(err, ssrf.ErrBlocked):
+		r.Log.Info("webhook refused by the SSRF policy", zap.String("host", host), zap.Error(err))
+		return "refused before connecting: " + host + " resolves to a non-public address (webhooks may only call public addresses)"
+	case errors.As(err, &dnsErr):
+		if dnsErr.IsNotFound {
+			return "could not resolve " + host + ": no such host"
+		}
+		r.Log.Info("webhook host did not resolve", zap.String("host", host), zap.Error(err))
+		return "could not resolve " + host
 	case errors.As(err, &ne) && ne.Timeout():
 		return fmt.Sprintf("no response within %s", r.Timeout)
 	}
-	return truncate(err.Error(), 1000)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return "could not connect to " + host + ": " + truncate(op.Err.Error(), 200)
+	}
+	return truncate(err.Error(), 500)
 }
 
 func truncate(s string, n int) string {
@@ -368,6 +455,17 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 			c.tenant, c.id, c.attempt, o.latencyMs, o.status, errText, o.body); err != nil {
 			return fmt.Errorf("record attempt: %w", err)
 		}
+		// The schedule position is the row's, read under the claim: a
+		// redelivery requested while this attempt was in flight reset it.
+		var step int
+		err := tx.QueryRow(ctx, `SELECT retry_step FROM webhook_deliveries WHERE tenant_id = $1 AND id = $2 AND claim = $3 FOR UPDATE`,
+			c.tenant, c.id, c.claim).Scan(&step)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // the claim was taken over (its holder records), or the endpoint was deleted
+		}
+		if err != nil {
+			return fmt.Errorf("record delivery: %w", err)
+		}
 		var state string
 		var wait time.Duration
 		switch {
@@ -377,7 +475,7 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 			state = StateDead // a ping is one attempt
 		default:
 			var more bool
-			if wait, more = r.delay(c.retryStep + 1); more {
+			if wait, more = r.delay(step + 1); more {
 				state = StateFailed
 			} else {
 				state = StateDead
@@ -395,7 +493,7 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 			return fmt.Errorf("record delivery: %w", err)
 		}
 		if tag.RowsAffected() == 0 || test {
-			return nil // the claim was taken over (its holder records), or a ping
+			return nil // pings do not touch endpoint health
 		}
 		if o.ok {
 			if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now()
@@ -426,10 +524,18 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 }
 
 func (r *Relay) applyRetention(ctx context.Context) error {
-	return r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM webhook_deliveries WHERE ctid = ANY(ARRAY(
-			SELECT ctid FROM webhook_deliveries WHERE created_at < now() - make_interval(secs => $1)
-			   AND state IN ('succeeded', 'dead') LIMIT 10000))`, r.Retention.Seconds())
-		return err
-	})
+	for range 100 {
+		var n int64
+		err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+			tag, err := tx.Exec(ctx, `DELETE FROM webhook_deliveries WHERE ctid = ANY(ARRAY(
+				SELECT ctid FROM webhook_deliveries WHERE created_at < now() - make_interval(secs => $1)
+				   AND state IN ('succeeded', 'dead') LIMIT 10000))`, r.Retention.Seconds())
+			n = tag.RowsAffected()
+			return err
+		})
+		if err != nil || n < 10000 {
+			return err
+		}
+	}
+	return nil
 }

@@ -345,7 +345,7 @@ func TestSSRFRefusedWithoutConnecting(t *testing.T) {
 		{"private", "http://10.0.0.1/", "private", nil},
 		{"metadata", "http://169.254.169.254/latest/meta-data/", "link-local", nil},
 		{"unspecified", "http://0.0.0.0:9/", "", nil},
-		{"name resolving to a private address", fmt.Sprintf("http://internal.example:%d/", trapPort), "resolved from internal.example",
+		{"name resolving to a private address", fmt.Sprintf("http://internal.example:%d/", trapPort), "internal.example resolves to a non-public address",
 			blockingResolver{netip.MustParseAddr("127.0.0.2")}},
 		{"redirect to a private address", redirector.srv.URL, "redirects are not followed", nil},
 	}
@@ -474,4 +474,91 @@ func TestRedeliverKeepsTheID(t *testing.T) {
 	require.Equal(t, q[0].header.Get("webhook-id"), q[1].header.Get("webhook-id"))
 	require.Equal(t, q[0].body, q[1].body)
 	require.Len(t, f.only(run).Attempts, 2)
+}
+
+// TestAHangingTenantDoesNotStallOthers: tenant A's endpoint holds every
+// request; with four senders and one per tenant, A never has more than one
+// request open, and tenant B's deliveries go through meanwhile.
+func TestAHangingTenantDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	other, err := f.sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "b", Plan: "pro", StreamShards: 1})
+	require.NoError(t, err)
+	release := make(chan struct{})
+	var open, peak atomic.Int32
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := open.Add(1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		open.Add(-1)
+	}))
+	t.Cleanup(hang.Close)
+	t.Cleanup(func() { close(release) })
+	epA, _ := f.endpoint(f.sys.Tenant, hang.URL)
+	ok := newReceiver(t, func(int) int { return 200 })
+	epB, _ := f.endpoint(other.ID, ok.srv.URL)
+	for range 6 {
+		f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+			_, err := f.svc.Ping(ctx, tx, epA.ID, time.Now())
+			return err
+		})
+	}
+	r := f.relay(func(r *webhooks.Relay) {
+		r.Batch, r.PerTenant, r.Timeout, r.Interval = 4, 1, 30*time.Second, 20*time.Millisecond
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	apptest.Eventually(t, "A's first request to hang", 10*time.Second, func() bool { return open.Load() == 1 })
+	for i := range 3 {
+		f.tx(other.ID, func(ctx context.Context, tx *tenants.Tx) error {
+			_, err := f.svc.Ping(ctx, tx, epB.ID, time.Now())
+			return err
+		})
+		apptest.Eventually(t, "B's ping to arrive while A hangs", 10*time.Second, func() bool { return len(ok.requests()) == i+1 })
+	}
+	require.Equal(t, int32(1), peak.Load(), "A held more than its share of senders")
+}
+
+// TestRedeliverDuringAnAttemptDoesNotSendTwice: a redelivery asked for
+// while an attempt is in flight keeps the attempt's claim; the attempt's
+// success settles it, and nothing is sent concurrently.
+func TestRedeliverDuringAnAttemptDoesNotSendTwice(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	var requests atomic.Int32
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		<-release
+	}))
+	t.Cleanup(slow.Close)
+	_, _ = f.endpoint(f.sys.Tenant, slow.URL)
+	run := f.cancelledRun()
+	r := f.relay(func(r *webhooks.Relay) { r.Timeout = 30 * time.Second })
+	passDone := make(chan error, 1)
+	go func() { _, err := r.Pass(ctx); passDone <- err }()
+	apptest.Eventually(t, "the attempt to be in flight", 10*time.Second, func() bool { return requests.Load() == 1 })
+	d := f.only(run)
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		_, err := f.svc.Redeliver(ctx, tx, d.ID)
+		return err
+	})
+	// Another relay finds nothing due: the claim still holds.
+	n, err := f.relay(nil).Pass(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n)
+	close(release)
+	require.NoError(t, <-passDone)
+	got := f.only(run)
+	require.Equal(t, webhooks.StateSucceeded, got.State)
+	require.Equal(t, int32(1), requests.Load())
+	require.Len(t, got.Attempts, 1)
 }

@@ -131,13 +131,14 @@ type Server struct {
 	// Webhooks manages endpoints; Relay delivers (nil without a secret key).
 	Webhooks webhooks.Service
 	Relay    *webhooks.Relay
+	caps     billing.CapCache
 	// Background are the server's other loops, run by Run until it stops.
 	Background []func(context.Context)
 }
 
-// hooks are what every transition writes in its own transaction: usage
+// Hooks are what every transition writes in its own transaction: usage
 // meters and, when a run ends, its webhook deliveries.
-func (s *Server) hooks() []engine.TxHook {
+func (s *Server) Hooks() []engine.TxHook {
 	return []engine.TxHook{
 		s.meter().Hook,
 		webhooks.Hook,
@@ -176,7 +177,7 @@ func (s *Server) setupWebhooks() error {
 // waiting for a worker as its plan allows, or its usage this month reached
 // a hard cap of its plan or its spend cap. It runs in the start's
 // transaction before anything is written.
-func admit(ctx context.Context, tx *tenants.Tx) error {
+func (s *Server) admit(ctx context.Context, tx *tenants.Tx) error {
 	l, err := tenants.EffectiveLimits(ctx, tx)
 	if err != nil {
 		return err
@@ -188,7 +189,7 @@ func admit(ctx context.Context, tx *tenants.Tx) error {
 	if full {
 		return errs.E(errs.QuotaExceeded, "the tenant already has %d tasks waiting for a worker, the most its plan allows", l.MaxQueuedTasks)
 	}
-	return billing.CheckCaps(ctx, tx, time.Now())
+	return s.caps.Check(ctx, tx, time.Now())
 }
 
 // ServerOptions adjust a server.
@@ -200,7 +201,7 @@ type ServerOptions struct {
 
 // NewServer assembles a server over d.
 func NewServer(d *Deps, o ServerOptions) (*Server, error) {
-	s := &Server{Deps: d, Mux: http.NewServeMux()}
+	s := &Server{Deps: d, Mux: http.NewServeMux(), caps: billing.CapCache{TTL: 10 * time.Second}}
 	jwt, err := JWTVerifier(d)
 	if err != nil {
 		return nil, err
@@ -234,7 +235,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition, Admit: admit, Hooks: s.hooks(), Slots: tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
+		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
 			d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
 		})})
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,

@@ -373,7 +373,9 @@ func runCeiling(ctx context.Context, o Options, rep *Report, k, length, steps in
 	var delMu sync.Mutex
 	var delTenants []uuid.UUID
 	var delIDs []int64
-	c := engine.NewCoordinator(e.deps.DB, engine.Options{PublishNow: func(_ context.Context, rows []outbox.Fresh) {
+	// The server's transition hooks (usage meters, webhook enqueue) are part
+	// of what one step commits.
+	c := engine.NewCoordinator(e.deps.DB, engine.Options{Hooks: e.server.Hooks(), PublishNow: func(_ context.Context, rows []outbox.Fresh) {
 		out := make([]routed, len(rows))
 		delMu.Lock()
 		for i, r := range rows {
