@@ -327,7 +327,7 @@ func TestExportDeliversEachRecordOnceAndRetries(t *testing.T) {
 		w.WriteHeader(http.StatusAccepted)
 	}))
 	defer srv.Close()
-	ex := &billing.Exporter{DB: db, URL: srv.URL, Token: "tok", Batch: 10, Backoff: 20 * time.Millisecond, ClaimLease: time.Minute}
+	ex := &billing.Exporter{DB: db, URL: srv.URL, Token: "tok", Batch: 10, Backoff: 300 * time.Millisecond, ClaimLease: time.Minute}
 	deadline := time.Now().Add(20 * time.Second)
 	var delays []time.Duration
 	for {

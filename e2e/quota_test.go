@@ -28,11 +28,14 @@ func setLimits(t *testing.T, sys *apptest.System, tenant uuid.UUID, l tenants.Li
 	require.NoError(t, sys.Deps.DB.Update(context.Background(), tenant, tenants.UpdateParams{Limits: &l}))
 }
 
-// runningNow samples, from the database, the tenant's tasks running now.
+// runningNow counts the tenant's tasks holding a live lease: what the quota
+// bounds. (A task whose lease expired, its worker stalled or gone, stays
+// 'running' until its report or the sweeper; its permit has lapsed, and
+// the task will run again elsewhere.)
 func runningNow(t *testing.T, sys *apptest.System, tenant uuid.UUID) int {
 	var n int
 	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(),
-		`SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'running'`, tenant).Scan(&n))
+		`SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'running' AND lease_expires_at > now()`, tenant).Scan(&n))
 	return n
 }
 

@@ -86,12 +86,19 @@ if e < ttl + 60000 then redis.call('PEXPIRE', KEYS[1], ttl + 60000) end
 return 0
 `)
 
+// PermitGrace is how much longer a permit lives than the lease it stands
+// for. A lease is granted (and renewed) in a transaction that commits a
+// moment after its permit was taken, so a permit of exactly the lease's TTL
+// would lapse just before the lease does, and another task could take it
+// while the first still held a live lease.
+const PermitGrace = 250 * time.Millisecond
+
 // Acquire takes a permit for each member while the tenant holds fewer than
-// limit, each valid for ttl. It reports which members got one and how many
-// the tenant holds now.
+// limit, each valid for ttl (plus PermitGrace). It reports which members
+// got one and how many the tenant holds now.
 func (s *Slots) Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]bool, int, error) {
 	args := make([]any, 0, len(members)+2)
-	args = append(args, limit, ttl.Milliseconds())
+	args = append(args, limit, (ttl + PermitGrace).Milliseconds())
 	for _, m := range members {
 		args = append(args, m)
 	}
@@ -115,7 +122,7 @@ func (s *Slots) Renew(ctx context.Context, tenant uuid.UUID, ttl time.Duration, 
 		return nil
 	}
 	args := make([]any, 0, len(members)+1)
-	args = append(args, ttl.Milliseconds())
+	args = append(args, (ttl + PermitGrace).Milliseconds())
 	for _, m := range members {
 		args = append(args, m)
 	}
