@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -43,8 +44,8 @@ func seed(t *testing.T, env *testenv.Env, rows ...row) {
 }
 
 // totals reads a key → quantity map.
-func totals(t *testing.T, env *testenv.Env, sql string) map[string]int64 {
-	rows, err := env.System.Query(context.Background(), sql)
+func totals(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) map[string]int64 {
+	rows, err := pool.Query(context.Background(), sql, args...)
 	require.NoError(t, err)
 	out := map[string]int64{}
 	for rows.Next() {
@@ -57,11 +58,11 @@ func totals(t *testing.T, env *testenv.Env, sql string) map[string]int64 {
 }
 
 func hourly(t *testing.T, env *testenv.Env) map[string]int64 {
-	return totals(t, env, `SELECT tenant_id::text || '/' || meter || '/' || to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24'), quantity FROM usage_hourly`)
+	return totals(t, env.System, `SELECT tenant_id::text || '/' || meter || '/' || to_char(hour AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24'), quantity FROM usage_hourly`)
 }
 
 func daily(t *testing.T, env *testenv.Env) map[string]int64 {
-	return totals(t, env, `SELECT tenant_id::text || '/' || meter || '/' || day::text, quantity FROM usage_daily`)
+	return totals(t, env.System, `SELECT tenant_id::text || '/' || meter || '/' || day::text, quantity FROM usage_daily`)
 }
 
 // TestRollupIsIdempotentAndSafeOnManyReplicas: usage over three hours and
@@ -186,16 +187,7 @@ func TestMetersAreWrittenWithTheTransitionAndOnlyOnce(t *testing.T) {
 	got, tasks := sys.WaitRun(run, 30*time.Second)
 	require.Equal(t, "completed", got.Status)
 	count := func() map[string]int64 {
-		rows, err := sys.Deps.DB.System.Query(ctx, `SELECT meter, count(*) FROM usage_records WHERE tenant_id = $1 GROUP BY meter`, sys.Tenant)
-		require.NoError(t, err)
-		out := map[string]int64{}
-		for rows.Next() {
-			var m string
-			var n int64
-			require.NoError(t, rows.Scan(&m, &n))
-			out[m] = n
-		}
-		return out
+		return totals(t, sys.Deps.DB.System, `SELECT meter, count(*) FROM usage_records WHERE tenant_id = $1 GROUP BY meter`, sys.Tenant)
 	}
 	assert.Equal(t, map[string]int64{billing.RunsStarted: 1, billing.StepsExecuted: 2, billing.StepSeconds: 2}, count())
 	var ms int64

@@ -58,18 +58,18 @@ func Preview(ctx context.Context, tx *tenants.Tx, period Period) (inv Invoice, a
 	return inv, asOf, err
 }
 
-// CheckCaps refuses a new run when the tenant's usage this month reached a
+// checkCaps refuses a new run when the tenant's usage this month reached a
 // hard cap of its plan or its spend cap (QUOTA_EXCEEDED). Usage is as of
-// the last rollup, so a cap may be overrun by what one rollup interval
-// adds; runs already started always finish.
-func CheckCaps(ctx context.Context, tx *tenants.Tx, now time.Time) error {
-	inv, _, err := Preview(ctx, tx, PeriodOf(now))
+// the last rollup (returned), so a cap may be overrun by what one rollup
+// interval adds; runs already started always finish.
+func checkCaps(ctx context.Context, tx *tenants.Tx, now time.Time) (time.Time, error) {
+	inv, asOf, err := Preview(ctx, tx, PeriodOf(now))
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
 	caps := inv.CapsReached()
 	if len(caps) == 0 {
-		return nil
+		return asOf, nil
 	}
 	var what []string
 	for _, c := range caps {
@@ -83,7 +83,7 @@ func CheckCaps(ctx context.Context, tx *tenants.Tx, now time.Time) error {
 			}
 		}
 	}
-	return errs.E(errs.QuotaExceeded, "this month's usage reached %s; runs already started continue, new ones start again next month or after a plan change",
+	return asOf, errs.E(errs.QuotaExceeded, "this month's usage reached %s; runs already started continue, new ones start again next month or after a plan change",
 		strings.Join(what, " and "))
 }
 
@@ -104,7 +104,8 @@ type capPass struct {
 	through, until time.Time
 }
 
-// Check is CheckCaps, skipped while a pass is remembered.
+// Check refuses a new run at a cap (see checkCaps), skipping the check
+// while a pass is remembered.
 func (c *CapCache) Check(ctx context.Context, tx *tenants.Tx, now time.Time) error {
 	var through time.Time
 	if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1`).Scan(&through); err != nil {
@@ -116,7 +117,8 @@ func (c *CapCache) Check(ctx context.Context, tx *tenants.Tx, now time.Time) err
 	if hit && p.through.Equal(through) && now.Before(p.until) {
 		return nil
 	}
-	err := CheckCaps(ctx, tx, now)
+	// The pass is remembered under the rollup its usage came from.
+	asOf, err := checkCaps(ctx, tx, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
@@ -126,7 +128,7 @@ func (c *CapCache) Check(ctx context.Context, tx *tenants.Tx, now time.Time) err
 	if c.ok == nil || len(c.ok) > 100_000 { // bound memory: forget everyone
 		c.ok = map[uuid.UUID]capPass{}
 	}
-	c.ok[tx.Tenant] = capPass{through: through, until: now.Add(c.TTL)}
+	c.ok[tx.Tenant] = capPass{through: asOf, until: now.Add(c.TTL)}
 	return nil
 }
 

@@ -201,7 +201,7 @@ type claimed struct {
 	tenant, id, endpoint uuid.UUID
 	eventType            string
 	payload              string
-	attempt, retryStep   int
+	attempt              int
 	claim                uuid.UUID
 	url                  string
 	keys                 [][]byte
@@ -286,7 +286,7 @@ func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([
 			UPDATE webhook_deliveries d SET claim = gen_random_uuid(), attempts = d.attempts + 1,
 			       next_attempt_at = now() + make_interval(secs => $2), last_attempt_at = now(), updated_at = now()
 			  FROM due WHERE d.tenant_id = due.tenant_id AND d.id = due.id
-			RETURNING d.tenant_id, d.id, d.endpoint_id, d.event_type, d.payload, d.attempts, d.retry_step, d.claim,
+			RETURNING d.tenant_id, d.id, d.endpoint_id, d.event_type, d.payload, d.attempts, d.claim,
 			          (SELECT url FROM webhook_endpoints e WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id)`,
 			n, r.ClaimLease.Seconds(), r.PerTenant, flightTenants, flightCounts)
 		if err != nil {
@@ -294,7 +294,7 @@ func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([
 		}
 		for rows.Next() {
 			var c claimed
-			if err := rows.Scan(&c.tenant, &c.id, &c.endpoint, &c.eventType, &c.payload, &c.attempt, &c.retryStep, &c.claim, &c.url); err != nil {
+			if err := rows.Scan(&c.tenant, &c.id, &c.endpoint, &c.eventType, &c.payload, &c.attempt, &c.claim, &c.url); err != nil {
 				rows.Close()
 				return fmt.Errorf("claim deliveries: %w", err)
 			}
