@@ -60,10 +60,10 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 		inFlight.Add(-1)
 		return json.RawMessage(`{}`), nil
 	})
-	for i := 0; i < 4; i++ {
-		sys.StartWorker(apptest.WorkerOptions{Handlers: h})
-	}
 	wf := sys.Workflow(`{"nodes":[{"id":"w","type":"task","task":{"handler":"work"}}]}`)
+	// All 200 are queued before any worker starts, and the sampler runs
+	// from before the first grant, so it watches the whole drain (on a
+	// loaded machine the starts alone can outlast the work).
 	var runs []uuid.UUID
 	for i := 0; i < 200; i++ {
 		runs = append(runs, sys.StartRun(wf, `{}`))
@@ -89,6 +89,9 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}()
+	for i := 0; i < 4; i++ {
+		sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	}
 	for _, id := range runs {
 		run, _ := sys.WaitRun(id, 60*time.Second)
 		require.Equal(t, "completed", run.Status)
