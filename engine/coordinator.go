@@ -107,6 +107,10 @@ type SlotGate interface {
 	Release(ctx context.Context, tenant uuid.UUID, members []string) error
 	// ReleaseLater is Release in the background, batched.
 	ReleaseLater(tenant uuid.UUID, members ...string)
+	// Transfer hands the permit of one lease to another (an ended
+	// attempt's slot, eagerly given to the run's next task): the count of
+	// permits does not change.
+	Transfer(ctx context.Context, tenant uuid.UUID, ttl time.Duration, from, to string) error
 }
 
 // Transition describes a committed transition, for after-commit observers.
@@ -147,6 +151,10 @@ type Ack struct {
 	Ignored bool
 	Reason  string
 	Status  sm.RunStatus
+	// Next, on a completion that carried an EagerOffer, is the lease of
+	// the run's next task, granted to the reporting worker in the
+	// completion's own transaction (see EagerOffer).
+	Next *Lease
 }
 
 // StartRun asks to start a run of a workflow.
@@ -366,6 +374,49 @@ type Report struct {
 	Error      sm.Error
 	Retryable  bool
 	RetryAfter time.Duration
+	// Eager, on a completion, offers the slot the attempt frees to the
+	// run's next task.
+	Eager *EagerOffer
+}
+
+// EagerOffer is a worker's offer, with its result, to run the next task
+// of the same run in the slot the result frees (eager dispatch). When the
+// transition dispatches a new task the worker can run — on the offered
+// queue, of a node type it executes, due now — the task is written
+// already leased to the worker, in the completion's transaction, and
+// returned as Ack.Next: no lease transaction, outbox row, stream message
+// or quota round trip for that step. A lease the worker never learns of
+// (the answer was lost) expires and is swept like any other. The worker
+// decides whether to offer: it offers only while no other tenant has work
+// on it, so the fair scheduler's choice between tenants is kept; the
+// tenant's running-task quota is kept by handing the ended attempt's
+// permit to the new lease.
+type EagerOffer struct {
+	Queue     string
+	NodeTypes []string
+	TTL       time.Duration
+}
+
+func (o *EagerOffer) check(owner string) error {
+	if o == nil {
+		return nil
+	}
+	if o.Queue == "" || len(o.NodeTypes) == 0 || len(o.NodeTypes) > 64 {
+		return errs.E(errs.Invalid, "an eager offer names its queue and 1-64 node types")
+	}
+	return checkLease(owner, o.TTL, 1)
+}
+
+func (o *EagerOffer) accepts(queue, nodeType string) bool {
+	if o == nil || queue != o.Queue {
+		return false
+	}
+	for _, t := range o.NodeTypes {
+		if t == nodeType {
+			return true
+		}
+	}
+	return false
 }
 
 // CompleteTask applies a successful result.
@@ -377,8 +428,14 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 	if len(r.Output) > 0 && !json.Valid(r.Output) {
 		return Ack{}, errs.E(errs.Invalid, "output is not valid JSON")
 	}
+	if r.Eager != nil && r.LeaseOwner == "" {
+		return Ack{}, errs.E(errs.Invalid, "an eager offer needs the lease owner")
+	}
+	if err := r.Eager.check(r.LeaseOwner); err != nil {
+		return Ack{}, err
+	}
 	ev := sm.NodeCompleted{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Output: r.Output}
-	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner},
+	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, eager: r.Eager},
 		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 }
 
@@ -490,6 +547,8 @@ type eventRef struct {
 	// commitIgnored commits the transaction even when the event is ignored
 	// (a fired timer must be consumed either way).
 	commitIgnored bool
+	// eager is the reporting worker's offer to run the next task.
+	eager *EagerOffer
 }
 
 // apply is the one path every event of an existing run takes: lock the
@@ -543,7 +602,7 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 			}
 			return err
 		}
-		ack = Ack{Status: tr.Status}
+		ack = Ack{Status: tr.Status, Next: p.next}
 		c.afterCommit(ctx, tx, runID, ev, tr, p, ref)
 		return nil
 	})
@@ -634,12 +693,26 @@ func loadSignals(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) ([]sm.Sig
 // afterCommit registers what happens once the transition is durable.
 func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, p *persister, ref eventRef) {
 	tenant := tx.Tenant
-	dispatched, fresh := p.dispatched, p.fresh
+	dispatched, fresh, next := p.dispatched, p.fresh, p.next
 	tx.AfterCommit(func() {
-		if ref.owner != "" && ref.task != uuid.Nil && c.opts.Slots != nil {
+		switch {
+		case ref.owner == "" || ref.task == uuid.Nil || c.opts.Slots == nil:
+		case next != nil:
+			// The ended attempt's permit becomes the eager lease's, before
+			// the worker hears of that lease (so before it can end). Lost,
+			// the old permit lapses with its lease TTL and the new one is
+			// added back by the lease's first renewal.
+			from, to := tenants.SlotMember(ref.task, ref.attempt, ref.owner), tenants.SlotMember(next.TaskID, next.Attempt, ref.owner)
+			if err := c.opts.Slots.Transfer(context.WithoutCancel(ctx), tenant, ref.eager.TTL, from, to); err != nil {
+				c.log.Warn("handing a quota permit to an eager lease failed", zap.Error(err))
+			}
+		default:
 			// A worker's result ended its lease: its quota permit goes back.
 			// (Lost, it lapses with the lease TTL.)
 			c.opts.Slots.ReleaseLater(tenant, tenants.SlotMember(ref.task, ref.attempt, ref.owner))
+		}
+		if next != nil {
+			eagerDispatches.Add(context.WithoutCancel(ctx), 1)
 		}
 		if len(fresh) > 0 {
 			c.opts.PublishNow(context.WithoutCancel(ctx), fresh)

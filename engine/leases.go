@@ -25,7 +25,13 @@ type LeaseRequest struct {
 // Lease is the answer to one LeaseRequest. When Acquired, the worker holds
 // the task until ExpiresAt (database clock) unless it renews.
 type Lease struct {
-	TaskID          uuid.UUID
+	TaskID uuid.UUID
+	// RunID, Attempt, Queue and TraceParent are set on an eager lease
+	// (Ack.Next), which answers no request that named them.
+	RunID           uuid.UUID
+	Attempt         int
+	Queue           string
+	TraceParent     string
 	Acquired        bool
 	ExpiresAt       time.Time
 	NodeID          string

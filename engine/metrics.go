@@ -54,12 +54,13 @@ func RegisterGauges(db *tenants.DB) error {
 	return err
 }
 
-var transitions, finished metric.Int64Counter
+var transitions, finished, eagerDispatches metric.Int64Counter
 
 func init() {
 	m := otel.Meter("github.com/composer-dev/composer/engine")
 	transitions, _ = m.Int64Counter("composer.transitions", metric.WithDescription("committed transitions, by event kind"))
 	finished, _ = m.Int64Counter("composer.runs.finished", metric.WithDescription("runs that reached a terminal state, by status"))
+	eagerDispatches, _ = m.Int64Counter("composer.tasks.eager_dispatched", metric.WithDescription("tasks leased to the worker that reported the previous step, in that report's transaction"))
 }
 
 func countTransition(ctx context.Context, event, status string, terminal bool) {

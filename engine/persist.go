@@ -35,6 +35,10 @@ type persister struct {
 	dispatched  bool
 	// fresh are immediate dispatches this process publishes after commit.
 	fresh []outbox.Fresh
+	// eagerNode is the new task leased to the reporting worker in this
+	// transaction, if any, and next its lease.
+	eagerNode string
+	next      *Lease
 
 	b pgx.Batch
 }
@@ -107,6 +111,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			h(t, batchQueuer{&p.b})
 		}
 	}
+	p.eagerNode = p.eagerCandidate(tr, ref)
 	for i, a := range tr.Actions {
 		if p.c.fault != nil && p.c.fault(i) {
 			p.exec("SELECT 1/0 -- injected fault")
@@ -126,12 +131,31 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			if cfg, ok := p.def.config[a.NodeID]; ok {
 				config = cfg
 			}
+			if a.NodeID == p.eagerNode {
+				// Created already leased to the reporting worker: the
+				// state and lease columns the lease UPDATE would write.
+				ttl := ref.eager.TTL
+				p.exec(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
+					input, config, dispatch_at, lease_owner, lease_expires_at, started_at)
+					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())`,
+					tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, a.MaxAttempts, jsonOrNil(a.Input), config, ref.owner, ttl.Seconds())
+				p.next = &Lease{TaskID: id, RunID: p.runID, Attempt: 1, Queue: a.Queue, TraceParent: p.traceparent, Acquired: true,
+					ExpiresAt: p.now.Add(ttl), NodeID: a.NodeID, NodeType: string(a.Type), Input: a.Input, Config: config,
+					WorkflowID: p.workflowID, WorkflowVersion: p.version, MaxAttempts: a.MaxAttempts}
+				if p.next.Queue == "" {
+					p.next.Queue = p.def.wf.Node(a.NodeID).QueueName()
+				}
+				continue
+			}
 			p.exec(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
 				input, config, output, last_error, skip_reason, dispatch_at, finished_at)
 				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15)`,
 				tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, string(a.State), a.MaxAttempts,
 				jsonOrNil(a.Input), config, jsonOrNil(a.Output), errJSON(a.Error), a.Reason, dispatchAt, finishedAt)
 		case sm.Dispatch:
+			if a.NodeID == p.eagerNode && a.Attempt == 1 {
+				continue // leased in its INSERT: nothing to publish
+			}
 			p.dispatch(a.NodeID, a.Attempt, a.NotBefore)
 		case sm.ScheduleTimer:
 			var task *uuid.UUID
@@ -242,6 +266,31 @@ func (p *persister) report(ev sm.Event, ref eventRef) *AttemptReport {
 		return nil // not running: the guards will ignore this report
 	}
 	return &AttemptReport{Task: ref.task, Node: ref.node, Attempt: ref.attempt, Worker: ref.owner, StartedAt: started}
+}
+
+// eagerCandidate picks the task, if any, to lease to the reporting worker
+// in this transaction: the first task the transition both creates pending
+// and dispatches now, on the offered queue and of an offered node type.
+// One at most: the offer is the one slot the report frees.
+func (p *persister) eagerCandidate(tr sm.Transition, ref eventRef) string {
+	if ref.eager == nil || ref.owner == "" {
+		return ""
+	}
+	created := map[string]bool{}
+	for _, a := range tr.Actions {
+		switch a := a.(type) {
+		case sm.CreateTask:
+			if a.State == sm.TaskPending {
+				created[a.NodeID] = true
+			}
+		case sm.Dispatch:
+			n := p.def.wf.Node(a.NodeID)
+			if created[a.NodeID] && a.Attempt == 1 && !a.NotBefore.After(p.now) && ref.eager.accepts(n.QueueName(), string(n.Type)) {
+				return a.NodeID
+			}
+		}
+	}
+	return ""
 }
 
 func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {

@@ -86,6 +86,19 @@ if e < ttl + 60000 then redis.call('PEXPIRE', KEYS[1], ttl + 60000) end
 return 0
 `)
 
+// transferScript: KEYS[1] the set; ARGV: ttl ms, from, to. Replaces one
+// permit by another, valid for ttl from now; the count does not change.
+var transferScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[3])
+local e = redis.call('PTTL', KEYS[1])
+if e < ttl + 60000 then redis.call('PEXPIRE', KEYS[1], ttl + 60000) end
+return 0
+`)
+
 // PermitGrace is how much longer a permit lives than the lease it stands
 // for. A lease is granted (and renewed) in a transaction that commits a
 // moment after its permit was taken, so a permit of exactly the lease's TTL
@@ -143,6 +156,18 @@ func (s *Slots) Release(ctx context.Context, tenant uuid.UUID, members []string)
 		args[i] = m
 	}
 	if err := s.rdb.ZRem(ctx, s.key(tenant), args...).Err(); err != nil {
+		return fmt.Errorf("running-task quota: %w", err)
+	}
+	return nil
+}
+
+// Transfer hands the permit of one lease (from) to another (to), valid for
+// ttl (plus PermitGrace): an attempt that ended gave its slot to the next
+// task of its run, leased to the same worker in the same transaction. The
+// tenant holds as many permits after as before. (Should from have lapsed,
+// to is still added: it names a live lease, and the quota counts leases.)
+func (s *Slots) Transfer(ctx context.Context, tenant uuid.UUID, ttl time.Duration, from, to string) error {
+	if err := transferScript.Run(ctx, s.rdb, []string{s.key(tenant)}, (ttl + PermitGrace).Milliseconds(), from, to).Err(); err != nil {
 		return fmt.Errorf("running-task quota: %w", err)
 	}
 	return nil

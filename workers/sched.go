@@ -157,6 +157,17 @@ func (q *queueSched) othersHaveWork(ts *tenantSched, now time.Time) bool {
 	return false
 }
 
+// mayKeep reports whether a slot a tenant's task frees may go straight to
+// the same tenant's next task (eager dispatch) without bypassing the fair
+// picks: only while no other tenant has work here, the tenant holds no
+// quota-bounced messages, and it is not paused.
+func (q *queueSched) mayKeep(id uuid.UUID, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ts := q.tenants[id]
+	return ts != nil && len(ts.held) == 0 && !now.Before(ts.blockedUntil) && !q.othersHaveWork(ts, now)
+}
+
 // quota records a tenant's quota from a lease answer.
 func (q *queueSched) quota(tq taskapi.TenantQuota) {
 	q.mu.Lock()

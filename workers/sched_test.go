@@ -226,3 +226,29 @@ func TestSchedKeepsSlotsForOthers(t *testing.T) {
 func TestSchedEmpty(t *testing.T) {
 	assert.Empty(t, newQueueSched(0, 0).plan(4, time.Now(), nil))
 }
+
+// TestSchedMayKeepOnlyWhileAlone: a freed slot goes straight to the same
+// tenant's next task (eager dispatch) only when the fair picks would give
+// it that slot anyway: nobody else has work here, and the tenant is
+// neither quota-paused nor holding bounced messages.
+func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
+	q := newQueueSched(8, time.Second)
+	a, b := uuid.New(), uuid.New()
+	now := time.Now()
+	assert.False(t, q.mayKeep(a, now), "unknown tenant")
+	q.learn(tenantShards{tenant: a, shards: 1, weight: 1})
+	q.took(a, 1)
+	assert.True(t, q.mayKeep(a, now), "alone")
+
+	q.learn(tenantShards{tenant: b, shards: 1, weight: 1})
+	assert.True(t, q.mayKeep(a, now), "another tenant known but without work")
+	q.woke(tenantShards{tenant: b, shards: 1, weight: 1})
+	assert.False(t, q.mayKeep(a, time.Now()), "another tenant was just woken")
+	assert.True(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "quiet long enough")
+	q.took(b, 1)
+	assert.False(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "another tenant's task runs here")
+	q.release(b)
+
+	q.hold(stream.Message{Tenant: a})
+	assert.False(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "quota-bounced messages wait first")
+}

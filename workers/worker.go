@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,9 @@ type Config struct {
 	// ActiveWindow is how recently a tenant must have had work published to
 	// be read (default 24h).
 	ActiveWindow time.Duration
+	// NoEager turns eager dispatch off: every task then comes through its
+	// stream (see taskapi.EagerOffer).
+	NoEager bool
 }
 
 func (c *Config) defaults() {
@@ -145,6 +149,12 @@ type Worker struct {
 	// pauseRenewals, in tests, stops renewing (a worker frozen by a GC
 	// pause or SIGSTOP as far as the server can tell).
 	pauseRenewals atomic.Bool
+
+	// nodeTypes are the node types the worker has executors for, offered
+	// with eager offers; stopping is set once shutdown begins.
+	nodeTypes   []string
+	stopping    atomic.Bool
+	eagerStarts atomic.Int64
 }
 
 type tenantShards struct {
@@ -174,8 +184,16 @@ func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[strin
 		w.wakes[q] = make(chan struct{}, 1)
 		w.scheds[q] = newQueueSched(cfg.Concurrency, cfg.IdlePoll)
 	}
+	for t := range executors {
+		w.nodeTypes = append(w.nodeTypes, t)
+	}
+	slices.Sort(w.nodeTypes)
 	return w
 }
+
+// EagerStarts counts the tasks this worker ran from eager leases (handed
+// over with the previous step's report) rather than from stream messages.
+func (w *Worker) EagerStarts() int64 { return w.eagerStarts.Load() }
 
 // ID returns the worker's id (consumer name and lease owner).
 func (w *Worker) ID() string { return w.cfg.WorkerID }
@@ -197,6 +215,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.log.Info("worker started", zap.Strings("queues", w.cfg.Queues), zap.Int("concurrency", w.cfg.Concurrency))
 	<-ctx.Done()
+	w.stopping.Store(true)
 
 	done := make(chan struct{})
 	go func() { w.running.Wait(); close(done) }()
@@ -392,13 +411,16 @@ func (w *Worker) deadLetter(ctx context.Context, key string, x redis.XMessage, c
 // ack acknowledges and deletes handled messages: the database is the
 // truth, so a stream only needs what is still to be done.
 func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
-	if len(msgs) == 0 {
-		return
-	}
 	pipe := w.rdb.Pipeline()
 	for _, m := range msgs {
+		if m.ID == "" {
+			continue // an eager lease: no message announced it
+		}
 		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
 		pipe.XDel(ctx, m.Stream, m.ID)
+	}
+	if pipe.Len() == 0 {
+		return
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		w.log.Warn("acknowledging messages failed; they will be reclaimed and dropped", zap.Error(err))
@@ -452,7 +474,34 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 	w.ack(execCtx, dropped...)
 }
 
+// start runs an acquired task in the slot taken for its message. The slot
+// stays with the goroutine while the server hands it the run's next task
+// eagerly (an answer's Next): it goes back when a report comes back with
+// nothing more to run.
 func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Lease) {
+	ctx, t, done := w.hold(execCtx, m, l)
+	w.running.Add(1)
+	go func() {
+		defer w.running.Done()
+		defer w.releaseFor(m) // an eager lease is on m's queue, of m's tenant
+		cur := m
+		for {
+			next := w.execute(ctx, execCtx, cur, t)
+			done()
+			if next == nil {
+				return
+			}
+			cur = stream.Message{Queue: next.Queue, Tenant: next.Tenant, Run: next.Run, Task: next.Task, Node: next.NodeID,
+				Type: next.NodeType, Attempt: next.Attempt, TraceParent: next.TraceParent}
+			w.eagerStarts.Add(1)
+			ctx, t, done = w.hold(execCtx, cur, *next)
+		}
+	}()
+}
+
+// hold registers a leased task for renewals and returns its execution
+// context, what to run, and the function that unregisters it.
+func (w *Worker) hold(execCtx context.Context, m stream.Message, l taskapi.Lease) (context.Context, Task, func()) {
 	var cfg taskapi.TaskConfig
 	if len(l.Config) > 0 {
 		if err := json.Unmarshal(l.Config, &cfg); err != nil {
@@ -466,21 +515,31 @@ func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Leas
 	w.mu.Lock()
 	w.inflight[m.Task] = e
 	w.mu.Unlock()
-	w.running.Add(1)
-	go func() {
-		defer w.running.Done()
-		defer w.releaseFor(m)
-		defer func() {
-			w.mu.Lock()
-			delete(w.inflight, m.Task)
-			w.mu.Unlock()
-			cancel(nil)
-		}()
-		w.execute(ctx, execCtx, m, t)
-	}()
+	return ctx, t, func() {
+		w.mu.Lock()
+		delete(w.inflight, m.Task)
+		w.mu.Unlock()
+		cancel(nil)
+	}
 }
 
-func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task) {
+// eagerOffer is what the worker offers with a result of m's tenant: the
+// slot, for the run's next task, when the queue's scheduler would give it
+// to the same tenant anyway (nobody else has work here) and the worker is
+// not shutting down.
+func (w *Worker) eagerOffer(m stream.Message) *taskapi.EagerOffer {
+	if w.cfg.NoEager || w.stopping.Load() {
+		return nil
+	}
+	if s := w.scheds[m.Queue]; s == nil || !s.mayKeep(m.Tenant, time.Now()) {
+		return nil
+	}
+	return &taskapi.EagerOffer{Queue: m.Queue, NodeTypes: w.nodeTypes, TTLMillis: w.cfg.LeaseTTL.Milliseconds()}
+}
+
+// execute runs one task and reports its result; it returns the run's next
+// task when the report's answer leased one to this worker.
+func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task) *taskapi.Lease {
 	if m.TraceParent != "" {
 		ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier{"traceparent": m.TraceParent})
 	}
@@ -513,16 +572,20 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task)
 		log.Info("lease lost; result discarded")
 		span.SetStatus(codes.Error, "lease lost")
 		w.ack(execCtx, m)
-		return
+		return nil
 	}
 	// Reports outlive the execution's context but belong to its trace, so
 	// the next step's dispatch continues the same trace.
 	reportCtx := trace.ContextWithSpan(execCtx, span)
 	if err == nil {
-		w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
-			return w.api.Complete(ctx, taskapi.CompleteRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Output: out})
+		offer := w.eagerOffer(m)
+		res := w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
+			return w.api.Complete(ctx, taskapi.CompleteRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Output: out, Eager: offer})
 		})
-		return
+		if res.Next != nil && res.Next.Acquired {
+			return res.Next
+		}
+		return nil
 	}
 	f := asFailure(err)
 	switch cause := context.Cause(ctx); {
@@ -536,6 +599,7 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task)
 		return w.api.Fail(ctx, taskapi.FailRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Retryable: f.Retryable,
 			RetryAfterMillis: f.RetryAfter.Milliseconds(), Error: taskapi.Error{Code: f.Code, Message: f.Message, Details: f.Details}})
 	})
+	return nil
 }
 
 // safeExecute turns an executor panic into a retryable failure.
@@ -553,8 +617,9 @@ func refOf(m stream.Message) taskapi.Ref {
 }
 
 // report sends a result until the server acknowledges it, then acks the
-// message. A report the server cannot take (a client error) is final.
-func (w *Worker) report(ctx context.Context, log *zap.Logger, m stream.Message, send func(context.Context) (taskapi.ReportResponse, error)) {
+// message, and returns the server's answer. A report the server cannot
+// take (a client error) is final.
+func (w *Worker) report(ctx context.Context, log *zap.Logger, m stream.Message, send func(context.Context) (taskapi.ReportResponse, error)) taskapi.ReportResponse {
 	backoff := 100 * time.Millisecond
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -565,17 +630,17 @@ func (w *Worker) report(ctx context.Context, log *zap.Logger, m stream.Message, 
 				log.Info("report ignored by the server", zap.String("reason", res.Reason))
 			}
 			w.ack(ctx, m)
-			return
+			return res
 		}
 		var apiErr *taskapi.APIError
 		if errors.As(err, &apiErr) && !apiErr.Temporary() {
 			log.Error("report rejected", zap.Error(err))
 			w.ack(ctx, m)
-			return
+			return taskapi.ReportResponse{}
 		}
 		if ctx.Err() != nil {
 			log.Warn("report abandoned at shutdown; the lease will expire and the task be retried", zap.Error(err))
-			return
+			return taskapi.ReportResponse{}
 		}
 		log.Warn("report failed; retrying", zap.Error(err), zap.Duration("in", backoff))
 		select {

@@ -61,6 +61,10 @@ type Lease struct {
 	WorkflowID      uuid.UUID       `json:"workflow_id,omitempty"`
 	WorkflowVersion int             `json:"workflow_version,omitempty"`
 	MaxAttempts     int             `json:"max_attempts,omitempty"`
+	// Queue and TraceParent come with an eager lease (ReportResponse.Next),
+	// which no stream message announced.
+	Queue       string `json:"queue,omitempty"`
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // AcquireResponse lists one Lease per requested Ref, in order, and the
@@ -100,12 +104,24 @@ type RenewResponse struct {
 	Leases []Renewal `json:"leases"`
 }
 
-// CompleteRequest reports a successful attempt.
+// CompleteRequest reports a successful attempt. Eager, when set, offers
+// the slot the attempt frees to the run's next task.
 type CompleteRequest struct {
 	Ref
 	NodeID   string          `json:"node_id"`
 	WorkerID string          `json:"worker_id"`
 	Output   json.RawMessage `json:"output,omitempty"`
+	Eager    *EagerOffer     `json:"eager,omitempty"`
+}
+
+// EagerOffer asks the server to lease the run's next task to this worker
+// with the report's answer, if the completion dispatches one now that the
+// worker can run: on Queue, of one of NodeTypes. A worker offers only a
+// slot its scheduler would give the same tenant anyway.
+type EagerOffer struct {
+	Queue     string   `json:"queue"`
+	NodeTypes []string `json:"node_types"`
+	TTLMillis int64    `json:"ttl_ms"`
 }
 
 // Error describes a failed attempt.
@@ -134,6 +150,9 @@ type ReportResponse struct {
 	Ignored      bool   `json:"ignored"`
 	Reason       string `json:"reason,omitempty"`
 	RunStatus    string `json:"run_status,omitempty"`
+	// Next is the eager lease granted for an EagerOffer: the worker holds
+	// it as if it had acquired it, and must run or report it.
+	Next *Lease `json:"next,omitempty"`
 }
 
 // ErrorResponse is the body of every non-2xx answer.

@@ -200,8 +200,14 @@ func (s *Server) renew(ctx context.Context, c Caller, in taskapi.RenewRequest) (
 	return out, nil
 }
 
-func ackOf(a engine.Ack) taskapi.ReportResponse {
-	return taskapi.ReportResponse{Acknowledged: true, Ignored: a.Ignored, Reason: a.Reason, RunStatus: string(a.Status)}
+func ackOf(tenant uuid.UUID, a engine.Ack) taskapi.ReportResponse {
+	out := taskapi.ReportResponse{Acknowledged: true, Ignored: a.Ignored, Reason: a.Reason, RunStatus: string(a.Status)}
+	if l := a.Next; l != nil {
+		out.Next = &taskapi.Lease{Ref: taskapi.Ref{Tenant: tenant, Run: l.RunID, Task: l.TaskID, Attempt: l.Attempt}, Acquired: true,
+			ExpiresAt: l.ExpiresAt, NodeID: l.NodeID, NodeType: l.NodeType, Input: l.Input, Config: l.Config, WorkflowID: l.WorkflowID,
+			WorkflowVersion: l.WorkflowVersion, MaxAttempts: l.MaxAttempts, Queue: l.Queue, TraceParent: l.TraceParent}
+	}
+	return out
 }
 
 func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
@@ -211,8 +217,11 @@ func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequ
 	if in.WorkerID == "" {
 		return taskapi.ReportResponse{}, errs.E(errs.Invalid, "worker_id is required")
 	}
-	ack, err := s.c.CompleteTask(ctx, in.Tenant, engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt,
-		LeaseOwner: in.WorkerID, Output: in.Output})
+	r := engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt, LeaseOwner: in.WorkerID, Output: in.Output}
+	if o := in.Eager; o != nil {
+		r.Eager = &engine.EagerOffer{Queue: o.Queue, NodeTypes: o.NodeTypes, TTL: ttl(o.TTLMillis)}
+	}
+	ack, err := s.c.CompleteTask(ctx, in.Tenant, r)
 	if errors.Is(err, errs.NotFound) {
 		// The run is gone (retention) or never existed: nothing to apply.
 		return taskapi.ReportResponse{Acknowledged: true, Ignored: true, Reason: "run not found"}, nil
@@ -220,7 +229,7 @@ func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequ
 	if err != nil {
 		return taskapi.ReportResponse{}, err
 	}
-	return ackOf(ack), nil
+	return ackOf(in.Tenant, ack), nil
 }
 
 func (s *Server) fail(ctx context.Context, c Caller, in taskapi.FailRequest) (taskapi.ReportResponse, error) {
@@ -243,5 +252,5 @@ func (s *Server) fail(ctx context.Context, c Caller, in taskapi.FailRequest) (ta
 	if err != nil {
 		return taskapi.ReportResponse{}, err
 	}
-	return ackOf(ack), nil
+	return ackOf(in.Tenant, ack), nil
 }

@@ -325,5 +325,5 @@ func NewWorker(d *Deps, serverURL string, handlers *workers.Handlers) (*workers.
 	api := taskapi.NewClient(serverURL, d.Cfg.WorkerToken)
 	return workers.New(workers.Config{Queues: d.Cfg.WorkerQueues, Concurrency: d.Cfg.WorkerConcurrency, LeaseTTL: d.Cfg.LeaseTTL,
 		ClaimIdle: d.Cfg.ClaimIdle, MaxDeliveries: int64(d.Cfg.MaxDeliveries), ShutdownTimeout: d.Cfg.ShutdownTimeout,
-		Namespace: d.Cfg.RedisNamespace}, d.Redis, api, executors, d.Log.Named("worker")), nil
+		Namespace: d.Cfg.RedisNamespace, NoEager: !d.Cfg.WorkerEager}, d.Redis, api, executors, d.Log.Named("worker")), nil
 }

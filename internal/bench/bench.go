@@ -113,6 +113,7 @@ type env struct {
 	url    string
 	tenant uuid.UUID
 	probe  *probe
+	worker *workers.Worker
 	dbName string
 	stop   func()
 }
@@ -274,6 +275,7 @@ func setupWith(ctx context.Context, opts Options, workerCfg func(*workers.Config
 		workerCfg(&wcfg)
 	}
 	w := workers.New(wcfg, e.deps.Redis, taskapi.NewClient(e.url, cfg.WorkerToken), executors, log)
+	e.worker = w
 	if withWorker {
 		go func() { defer wg.Done(); _ = w.Run(runCtx) }()
 	} else {

@@ -29,10 +29,15 @@ const (
 	StartLat   = "start-latency"
 	HTTPChains = "http-chains-k16"
 	Ceiling    = "sql-ceiling-k16"
+	// The same chains and ceiling with eager dispatch off: every step
+	// through the outbox, a stream and a lease call.
+	ChainsK16Stream = "chains-k16-stream"
+	CeilingStream   = "sql-ceiling-k16-stream"
 )
 
 // All lists every scenario in the order they run.
-var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, GraphQLRuns, NoisyNeighbour}
+var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream, CeilingStream,
+	GraphQLRuns, NoisyNeighbour}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -69,7 +74,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		case HTTPChains:
 			r, err = runHTTPChains(ctx, o, &rep, 16, 10, n(2000))
 		case Ceiling:
-			r, err = runCeiling(ctx, o, &rep, 16, 20, n(6000))
+			r, err = runCeiling(ctx, o, &rep, name, true, 16, 20, n(6000))
+		case ChainsK16Stream:
+			r, err = chainScenario(ctx, o, &rep, name, 16, 20, n(6000), noopStep, 16, nil, func(c *workers.Config) { c.NoEager = true })
+		case CeilingStream:
+			r, err = runCeiling(ctx, o, &rep, name, false, 16, 20, n(6000))
 		case GraphQLRuns:
 			r, err = runGraphQLRuns(ctx, o, &rep, n(1_000_000), 300)
 		case NoisyNeighbour:
@@ -80,20 +89,24 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		}
 		rep.Results = append(rep.Results, r)
 	}
-	var ceiling float64
+	// Each scenario is compared with the ceiling of its own dispatch path.
+	ceilings := map[string]float64{}
 	for _, r := range rep.Results {
-		if r.Scenario == Ceiling {
-			ceiling = r.StepsPerSec
+		if r.Scenario == Ceiling || r.Scenario == CeilingStream {
+			ceilings[r.Scenario] = r.StepsPerSec
 		}
 	}
-	if ceiling > 0 {
-		for i := range rep.Results {
-			if rep.Results[i].Scenario != Ceiling && rep.Results[i].Steps > 0 {
-				if rep.Results[i].Extra == nil {
-					rep.Results[i].Extra = map[string]any{}
-				}
-				rep.Results[i].Extra["of_ceiling"] = fmt.Sprintf("%.0f%%", 100*rep.Results[i].StepsPerSec/ceiling)
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		ceiling := ceilings[Ceiling]
+		if strings.HasSuffix(r.Scenario, "-stream") {
+			ceiling = ceilings[CeilingStream]
+		}
+		if ceiling > 0 && r.Scenario != Ceiling && r.Scenario != CeilingStream && r.Steps > 0 {
+			if r.Extra == nil {
+				r.Extra = map[string]any{}
 			}
+			r.Extra["of_ceiling"] = fmt.Sprintf("%.0f%%", 100*r.StepsPerSec/ceiling)
 		}
 	}
 	if o.Out != "" {
@@ -182,14 +195,19 @@ func (e *env) driveFor(ctx context.Context, tenant, wf uuid.UUID, k, total int) 
 }
 
 func runChains(ctx context.Context, o Options, rep *Report, name string, k, length, steps int) (Result, error) {
-	return chainScenario(ctx, o, rep, name, k, length, steps, noopStep, max(16, k), nil)
+	return chainScenario(ctx, o, rep, name, k, length, steps, noopStep, max(16, k), nil, nil)
 }
 
 // chainScenario keeps k chains of length steps in flight until steps have
 // run, after one warm-up round, and measures them.
 func chainScenario(ctx context.Context, o Options, rep *Report, name string, k, length, steps int, step func(int) string,
-	concurrency int, executors func(*probe) map[string]workers.Executor) (Result, error) {
-	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = concurrency }, executors)
+	concurrency int, executors func(*probe) map[string]workers.Executor, workerCfg func(*workers.Config)) (Result, error) {
+	e, err := setup(ctx, o, func(c *workers.Config) {
+		c.Concurrency = concurrency
+		if workerCfg != nil {
+			workerCfg(c)
+		}
+	}, executors)
 	if err != nil {
 		return Result{}, err
 	}
@@ -210,12 +228,15 @@ func chainScenario(ctx context.Context, o Options, rep *Report, name string, k, 
 	if err != nil {
 		return Result{}, err
 	}
+	eager0 := e.worker.EagerStarts()
 	starts, took, err := e.drive(ctx, wf, k, runs)
 	if err != nil {
 		return Result{}, err
 	}
 	r := Result{Scenario: name, Steps: runs * length, Runs: runs, Seconds: took.Seconds(), StepsPerSec: float64(runs*length) / took.Seconds()}
 	r.Handoff, r.RunLatency = e.chainLatencies(starts, length)
+	// The share of steps the worker took with the previous step's report.
+	r.Extra = map[string]any{"eager": fmt.Sprintf("%.0f%%", 100*float64(e.worker.EagerStarts()-eager0)/float64(r.Steps))}
 	return r, e.cost(ctx, before, r.Steps, &r)
 }
 
@@ -347,15 +368,19 @@ func runHTTPChains(ctx context.Context, o Options, rep *Report, k, length, steps
 			p.started(t.Run, t.NodeID)
 			return httpExec.Execute(ctx, t)
 		})}
-	})
+	}, nil)
 }
 
 // runCeiling runs the engine's per-step SQL with the engine's transaction
-// boundaries — lease acquisition, the coordinator's transition, the batched
-// delete of published outbox rows — from k concurrent chains, without
-// Redis, HTTP or a worker runtime in between: what PostgreSQL allows this
-// schema and these statements to do on this machine.
-func runCeiling(ctx context.Context, o Options, rep *Report, k, length, steps int) (Result, error) {
+// boundaries from k concurrent chains, without Redis, HTTP or a worker
+// runtime in between: what PostgreSQL allows this schema and these
+// statements to do on this machine. With eager dispatch, a chain's first
+// step is leased from its dispatch and each completion carries an eager
+// offer, so later steps commit only their transition (as the engine's
+// worker does while its tenant is alone on it); without, every step is
+// lease acquisition, the coordinator's transition and the batched delete
+// of its published outbox row.
+func runCeiling(ctx context.Context, o Options, rep *Report, name string, eager bool, k, length, steps int) (Result, error) {
 	e, err := setupNoWorker(ctx, o)
 	if err != nil {
 		return Result{}, err
@@ -408,21 +433,32 @@ func runCeiling(ctx context.Context, o Options, rep *Report, k, length, steps in
 		id := res.RunID
 		ch := rt.register(id)
 		defer rt.unregister(id)
+		var offer *engine.EagerOffer
+		if eager {
+			offer = &engine.EagerOffer{Queue: "default", NodeTypes: []string{"noop"}, TTL: 30 * time.Second}
+		}
+		var next *engine.Lease
 		for i := 0; i < length; i++ {
 			var d dispatch
-			select {
-			case d = <-ch:
-			case <-time.After(30 * time.Second):
-				return fmt.Errorf("run %s: no dispatch of step %d", id, i)
+			if next != nil {
+				d = dispatch{next.TaskID, next.Attempt}
+			} else {
+				select {
+				case d = <-ch:
+				case <-time.After(30 * time.Second):
+					return fmt.Errorf("run %s: no dispatch of step %d", id, i)
+				}
+				ls, _, err := c.AcquireLeases(ctx, e.tenant, "ceiling", 30*time.Second, []engine.LeaseRequest{{RunID: id, TaskID: d.task, Attempt: d.attempt}})
+				if err != nil || !ls[0].Acquired {
+					return fmt.Errorf("lease: %v", err)
+				}
 			}
-			ls, _, err := c.AcquireLeases(ctx, e.tenant, "ceiling", 30*time.Second, []engine.LeaseRequest{{RunID: id, TaskID: d.task, Attempt: d.attempt}})
-			if err != nil || !ls[0].Acquired {
-				return fmt.Errorf("lease: %v", err)
-			}
-			if _, err := c.CompleteTask(ctx, e.tenant, engine.Report{RunID: id, TaskID: d.task, NodeID: fmt.Sprintf("n%d", i), Attempt: d.attempt,
-				LeaseOwner: "ceiling", Output: json.RawMessage(`{}`)}); err != nil {
+			ack, err := c.CompleteTask(ctx, e.tenant, engine.Report{RunID: id, TaskID: d.task, NodeID: fmt.Sprintf("n%d", i), Attempt: d.attempt,
+				LeaseOwner: "ceiling", Output: json.RawMessage(`{}`), Eager: offer})
+			if err != nil {
 				return err
 			}
+			next = ack.Next
 		}
 		return nil
 	}
@@ -454,7 +490,7 @@ func runCeiling(ctx context.Context, o Options, rep *Report, k, length, steps in
 	if err := <-errc; err != nil {
 		return Result{}, err
 	}
-	r := Result{Scenario: Ceiling, Steps: runs * length, Runs: runs, Seconds: took.Seconds(), StepsPerSec: float64(runs*length) / took.Seconds()}
+	r := Result{Scenario: name, Steps: runs * length, Runs: runs, Seconds: took.Seconds(), StepsPerSec: float64(runs*length) / took.Seconds()}
 	return r, e.cost(ctx, before, r.Steps, &r)
 }
 

@@ -67,6 +67,9 @@ type Config struct {
 	WorkerQueues []string
 	// WorkerConcurrency is a worker's number of execution slots.
 	WorkerConcurrency int
+	// WorkerEager lets a worker take a run's next task with the previous
+	// step's report (eager dispatch).
+	WorkerEager bool
 	// ClaimIdle is how long a message may sit with a silent consumer
 	// before another worker reclaims it.
 	ClaimIdle time.Duration
@@ -131,6 +134,7 @@ func Defaults() Config {
 		DBMaxConns:           32,
 		WorkerQueues:         []string{"default"},
 		WorkerConcurrency:    16,
+		WorkerEager:          true,
 		ClaimIdle:            time.Minute,
 		MaxDeliveries:        5,
 		ShutdownTimeout:      30 * time.Second,
@@ -168,6 +172,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_DB_MAX_CONNS", &c.DBMaxConns, 2, 1000)
 	p.list("COMPOSER_WORKER_QUEUES", &c.WorkerQueues)
 	p.integer("COMPOSER_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1, 10000)
+	p.boolean("COMPOSER_WORKER_EAGER", &c.WorkerEager)
 	p.duration("COMPOSER_CLAIM_IDLE", &c.ClaimIdle, 100*time.Millisecond)
 	p.integer("COMPOSER_MAX_DELIVERIES", &c.MaxDeliveries, 1, 1000)
 	p.duration("COMPOSER_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 0)
