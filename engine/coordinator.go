@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/engine/outbox"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
@@ -435,8 +436,54 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 		return Ack{}, err
 	}
 	ev := sm.NodeCompleted{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Output: r.Output}
-	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, eager: r.Eager},
+	ack, err := c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, eager: r.Eager},
 		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+	if err == nil && ack.Ignored && r.Eager != nil {
+		// A repeated report (its first answer was lost) gets the eager lease
+		// the first one was given, so that task runs now instead of waiting
+		// out its lease and losing an attempt it never used.
+		if ack.Next, err = c.eagerAgain(ctx, tenant, r); err != nil {
+			c.log.Warn("looking up the eager lease of a repeated report failed", zap.Error(err))
+			ack.Next, err = nil, nil
+		}
+	}
+	return ack, err
+}
+
+// eagerAgain finds the task the applied completion of r's attempt leased
+// to r's worker — created in that completion's transaction, so it started
+// at the very timestamp the reported task finished — still running on its
+// first attempt, and extends its lease.
+func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report) (*Lease, error) {
+	var next *Lease
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		next = nil
+		l := Lease{RunID: r.RunID, Attempt: 1, Acquired: true}
+		var input, config []byte
+		err := tx.QueryRow(ctx, `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+			  FROM task_instances d, workflow_runs r
+			 WHERE d.tenant_id = $1 AND d.run_id = $2 AND d.id = $3 AND d.attempt = $4 AND d.state = 'completed'
+			   AND t.tenant_id = $1 AND t.run_id = $2 AND t.id <> d.id AND t.state = 'running' AND t.attempt = 1
+			   AND t.lease_owner = $5 AND t.started_at = d.finished_at
+			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			RETURNING t.id, t.node_id, t.node_type, coalesce(t.queue, ''), t.input, t.config, t.max_attempts, t.lease_expires_at,
+			          r.workflow_id, r.workflow_version, coalesce(r.traceparent, '')`,
+			tenant, r.RunID, r.TaskID, r.Attempt, r.LeaseOwner, r.Eager.TTL.Seconds()).Scan(&l.TaskID, &l.NodeID, &l.NodeType, &l.Queue,
+			&input, &config, &l.MaxAttempts, &l.ExpiresAt, &l.WorkflowID, &l.WorkflowVersion, &l.TraceParent)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if l.Queue == "" {
+			l.Queue = dag.DefaultQueue
+		}
+		l.Input, l.Config = input, config
+		next = &l
+		return nil
+	})
+	return next, err
 }
 
 // FailTask applies a failed attempt.
@@ -703,9 +750,11 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uui
 			// the old permit lapses with its lease TTL and the new one is
 			// added back by the lease's first renewal.
 			from, to := tenants.SlotMember(ref.task, ref.attempt, ref.owner), tenants.SlotMember(next.TaskID, next.Attempt, ref.owner)
-			if err := c.opts.Slots.Transfer(context.WithoutCancel(ctx), tenant, ref.eager.TTL, from, to); err != nil {
+			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			if err := c.opts.Slots.Transfer(tctx, tenant, ref.eager.TTL, from, to); err != nil {
 				c.log.Warn("handing a quota permit to an eager lease failed", zap.Error(err))
 			}
+			cancel()
 		default:
 			// A worker's result ended its lease: its quota permit goes back.
 			// (Lost, it lapses with the lease TTL.)

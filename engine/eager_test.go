@@ -110,9 +110,10 @@ func TestEagerOfferTakesOnlyWhatTheWorkerRuns(t *testing.T) {
 	assert.Zero(t, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1`, ack.Next.TaskID))
 }
 
-// TestEagerOfferOnAStaleOrBadReportChangesNothing: a duplicate or stale
-// completion is ignored with no lease handed out, and a malformed offer is
-// rejected before anything is written.
+// TestEagerOfferOnAStaleOrBadReportChangesNothing: a malformed offer is
+// rejected before anything is written; a repeated completion is ignored
+// and hands back the lease its first answer carried (nothing new); a
+// stale one gets nothing.
 func TestEagerOfferOnAStaleOrBadReportChangesNothing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -139,12 +140,31 @@ func TestEagerOfferOnAStaleOrBadReportChangesNothing(t *testing.T) {
 	ack, err := f.completeAs(run, a, "a", "w1", noopOffer)
 	require.NoError(t, err)
 	require.NotNil(t, ack.Next)
-	before = f.snapshot(run)
+	first := ack.Next
+	tasks := f.count(`SELECT count(*) FROM task_instances WHERE run_id = $1`, run)
+
+	// The first answer was lost: the repeated report is ignored, and gets
+	// the same lease back (extended), not a second one.
 	ack, err = f.completeAs(run, a, "a", "w1", noopOffer)
 	require.NoError(t, err)
 	assert.True(t, ack.Ignored, "a duplicate report is ignored")
-	assert.Nil(t, ack.Next, "and leases nothing")
-	assert.Equal(t, before, f.snapshot(run))
+	require.NotNil(t, ack.Next, "but hands back the lease its first answer carried")
+	assert.Equal(t, first.TaskID, ack.Next.TaskID)
+	assert.Equal(t, 1, ack.Next.Attempt)
+	assert.Equal(t, first.Input, ack.Next.Input)
+	assert.False(t, ack.Next.ExpiresAt.Before(first.ExpiresAt))
+	assert.Equal(t, tasks, f.count(`SELECT count(*) FROM task_instances WHERE run_id = $1`, run), "nothing new was created")
+	assert.Zero(t, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1`, first.TaskID))
+
+	// Without an offer, or from another worker, a repeat gets nothing.
+	ack, err = f.completeAs(run, a, "a", "w1", nil)
+	require.NoError(t, err)
+	assert.True(t, ack.Ignored)
+	assert.Nil(t, ack.Next)
+	ack, err = f.completeAs(run, a, "a", "w2", noopOffer)
+	require.NoError(t, err)
+	assert.True(t, ack.Ignored)
+	assert.Nil(t, ack.Next)
 
 	// A report from a worker that does not hold the lease gets nothing.
 	b := f.mustTask(run, "b")
@@ -155,9 +175,9 @@ func TestEagerOfferOnAStaleOrBadReportChangesNothing(t *testing.T) {
 }
 
 // TestEagerLeaseTheWorkerNeverHeardOfIsSwept: the answer carrying the
-// eager lease is lost (the worker died): the lease expires and the sweep
-// gives the task a new attempt through the outbox, like any lease whose
-// worker vanished.
+// eager lease is lost and the worker never asks again (it died): the
+// lease expires and the sweep gives the task a new attempt through the
+// outbox, like any lease whose worker vanished.
 func TestEagerLeaseTheWorkerNeverHeardOfIsSwept(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

@@ -19,14 +19,19 @@ import (
 	"github.com/composer-dev/composer/workers"
 )
 
-// chainDef is a chain of n task steps, each adding one to its input.
-func chainDef(n int) string {
-	def := `{"nodes":[{"id":"s0","type":"task","task":{"handler":"inc"}}`
+// chainDef is a chain of n task steps on queue, each adding one to its
+// input, each allowed one attempt.
+func chainDef(n int, queue string) string {
+	def := fmt.Sprintf(`{"nodes":[{"id":"s0","type":"task","task":{"handler":"inc"},"queue":%q}`, queue)
 	for i := 1; i < n; i++ {
-		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"inc"},"depends_on":["s%d"],"input":{"n":"nodes.s%d.output.n"},"retry":{"max_attempts":3}}`, i, i-1, i-1)
+		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"inc"},"queue":%q,"depends_on":["s%d"],"input":{"n":"nodes.s%d.output.n"}}`,
+			i, queue, i-1, i-1)
 	}
 	return def + `]}`
 }
+
+// longWindow lets a slot keep a chain for the whole test.
+func longWindow(c *workers.Config) { c.EagerWindow = time.Hour }
 
 func incHandlers(calls *sync.Map) *workers.Handlers {
 	h := &workers.Handlers{}
@@ -54,8 +59,11 @@ func TestChainStepsGoEagerlyToTheReportingWorker(t *testing.T) {
 			t.Parallel()
 			sys := apptest.Start(t)
 			var calls sync.Map
-			w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(&calls), Config: func(c *workers.Config) { c.NoEager = !eager }})
-			wf := sys.Workflow(chainDef(10))
+			w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(&calls), Config: func(c *workers.Config) {
+				longWindow(c)
+				c.NoEager = !eager
+			}})
+			wf := sys.Workflow(chainDef(10, "default"))
 			var runs []uuid.UUID
 			for range 8 {
 				runs = append(runs, sys.StartRun(wf, `{}`))
@@ -82,8 +90,7 @@ func TestChainStepsGoEagerlyToTheReportingWorker(t *testing.T) {
 }
 
 // lossyAPI loses the answer of the first completion that carried an eager
-// lease, after the server committed it: the worker never hears of that
-// lease.
+// lease, after the server committed it.
 type lossyAPI struct {
 	workers.TaskAPI
 	lost atomic.Pointer[taskapi.Lease]
@@ -97,19 +104,88 @@ func (a *lossyAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) (tas
 	return res, err
 }
 
-// TestLostEagerLeaseIsRecoveredBySweep: the answer carrying an eager lease
-// is lost; the worker's retried report is ignored as a duplicate, the
-// lease nobody runs expires, and the sweep gives the step a second
-// attempt: the run completes with every step's output.
-func TestLostEagerLeaseIsRecoveredBySweep(t *testing.T) {
+// TestLostEagerAnswerIsRecoveredByTheRepeatedReport: the answer carrying
+// an eager lease is lost; the worker repeats its report, which is ignored
+// as a duplicate but hands back the same lease, so the step runs at once
+// on its first attempt — the only one its node allows.
+func TestLostEagerAnswerIsRecoveredByTheRepeatedReport(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	api := &lossyAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
-	sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(nil), API: api})
-	run, tasks := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(3)), `{}`), 30*time.Second)
+	var calls sync.Map
+	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(&calls), API: api, Config: longWindow})
+	run, tasks := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(3, "default")), `{}`), 30*time.Second)
 	require.Equal(t, "completed", run.Status)
 	assert.JSONEq(t, `{"s2":{"n":3}}`, string(run.Output))
 	lost := api.lost.Load()
-	require.NotNil(t, lost, "an eager lease was lost")
-	assert.Equal(t, 2, tasks[lost.NodeID].Attempt, "the lost lease's step ran as attempt 2")
+	require.NotNil(t, lost, "an eager answer was lost")
+	assert.Equal(t, 1, tasks[lost.NodeID].Attempt, "the step ran on its first attempt")
+	calls.Range(func(k, v any) bool {
+		assert.EqualValues(t, 1, v.(*atomic.Int32).Load(), "%s executed once", k)
+		return true
+	})
+	assert.EqualValues(t, 2, w.EagerStarts())
+}
+
+// oldServerAPI refuses eager offers as an older server does: the request
+// has a field it does not know.
+type oldServerAPI struct {
+	workers.TaskAPI
+	offers atomic.Int32
+}
+
+func (a *oldServerAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
+	if r.Eager != nil {
+		a.offers.Add(1)
+		return taskapi.ReportResponse{}, &taskapi.APIError{Status: 400, Code: "INVALID", Message: `bad request body: json: unknown field "eager"`}
+	}
+	return a.TaskAPI.Complete(ctx, r)
+}
+
+// TestWorkerFallsBackWhenTheServerRefusesOffers: against a server that
+// predates eager dispatch, the report refused for its offer is sent again
+// without it and nothing is lost; the worker stops offering.
+func TestWorkerFallsBackWhenTheServerRefusesOffers(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	api := &oldServerAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
+	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(nil), API: api, Config: longWindow})
+	wf := sys.Workflow(chainDef(5, "default"))
+	for range 3 {
+		run, _ := sys.WaitRun(sys.StartRun(wf, `{}`), 30*time.Second)
+		require.Equal(t, "completed", run.Status)
+		assert.JSONEq(t, `{"s4":{"n":5}}`, string(run.Output))
+	}
+	assert.EqualValues(t, 1, api.offers.Load(), "one refused offer, then none")
+	assert.Zero(t, w.EagerStarts())
+}
+
+// TestEagerChainDoesNotStarveAnotherQueue: a one-slot worker serving two
+// queues runs a long chain of short steps on one; a run on the other
+// queue is served while the chain is still going, not after it.
+func TestEagerChainDoesNotStarveAnotherQueue(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	h := incHandlers(nil)
+	h.Register("slow", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+		time.Sleep(10 * time.Millisecond)
+		return json.RawMessage(`{"n":1}`), nil
+	})
+	sys.StartWorker(apptest.WorkerOptions{Handlers: h, Config: func(c *workers.Config) {
+		c.Queues, c.Concurrency = []string{"default", "other"}, 1
+	}})
+	def := `{"nodes":[{"id":"s0","type":"task","task":{"handler":"slow"}}`
+	for i := 1; i < 200; i++ {
+		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"slow"},"depends_on":["s%d"]}`, i, i-1)
+	}
+	chain := sys.StartRun(sys.Workflow(def+`]}`), `{}`)
+	apptest.Eventually(t, "the chain to be under way", 20*time.Second, func() bool {
+		_, tasks := sys.Run(chain)
+		return len(tasks) >= 5
+	})
+	other := sys.StartRun(sys.Workflow(chainDef(1, "other")), `{}`)
+	run, _ := sys.WaitRun(other, 30*time.Second)
+	require.Equal(t, "completed", run.Status)
+	got, tasks := sys.Run(chain)
+	assert.Equal(t, "running", got.Status, "the other queue's run did not wait for the chain (%d of 200 steps done)", len(tasks))
 }

@@ -168,6 +168,19 @@ func (q *queueSched) mayKeep(id uuid.UUID, now time.Time) bool {
 	return ts != nil && len(ts.held) == 0 && !now.Before(ts.blockedUntil) && !q.othersHaveWork(ts, now)
 }
 
+// quiet reports whether no tenant of the queue has had work recently or
+// holds bounced messages: nothing here waits for a slot.
+func (q *queueSched) quiet(now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, ts := range q.tenants {
+		if len(ts.held) > 0 || now.Sub(ts.lastWork) < recentWork {
+			return false
+		}
+	}
+	return true
+}
+
 // quota records a tenant's quota from a lease answer.
 func (q *queueSched) quota(tq taskapi.TenantQuota) {
 	q.mu.Lock()

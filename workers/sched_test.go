@@ -252,3 +252,50 @@ func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
 	q.hold(stream.Message{Tenant: a})
 	assert.False(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "quota-bounced messages wait first")
 }
+
+// TestEagerOfferRules: a worker offers its slot with a result only within
+// the eager window of the slot's last read, while the tenant is alone on
+// the queue and the worker's other queues are quiet, and never while
+// shutting down, when turned off, or after the server refused an offer.
+func TestEagerOfferRules(t *testing.T) {
+	w := New(Config{Queues: []string{"default", "other"}}, nil, nil, map[string]Executor{"noop": Noop, "http": Noop}, nil)
+	a := uuid.New()
+	m := stream.Message{Queue: "default", Tenant: a}
+	w.scheds["default"].learn(tenantShards{tenant: a, shards: 1, weight: 1})
+	w.scheds["default"].took(a, 1)
+
+	o := w.eagerOffer(m, time.Now())
+	require.NotNil(t, o)
+	assert.Equal(t, "default", o.Queue)
+	assert.Equal(t, []string{"http", "noop"}, o.NodeTypes)
+	assert.Equal(t, w.cfg.LeaseTTL.Milliseconds(), o.TTLMillis)
+
+	assert.Nil(t, w.eagerOffer(m, time.Now().Add(-w.cfg.EagerWindow)), "the slot kept chains for its whole window")
+	w.scheds["other"].woke(tenantShards{tenant: uuid.New(), shards: 1, weight: 1})
+	assert.Nil(t, w.eagerOffer(m, time.Now()), "another queue has work")
+
+	w = New(Config{}, nil, nil, map[string]Executor{"noop": Noop}, nil)
+	w.scheds["default"].learn(tenantShards{tenant: a, shards: 1, weight: 1})
+	require.NotNil(t, w.eagerOffer(m, time.Now()))
+	w.eagerRefused.Store(true)
+	assert.Nil(t, w.eagerOffer(m, time.Now()), "the server refused offers")
+	w.eagerRefused.Store(false)
+	w.stopping.Store(true)
+	assert.Nil(t, w.eagerOffer(m, time.Now()), "shutting down")
+	w.stopping.Store(false)
+	w.cfg.NoEager = true
+	assert.Nil(t, w.eagerOffer(m, time.Now()), "turned off")
+}
+
+func TestSchedQuiet(t *testing.T) {
+	q := newQueueSched(4, time.Second)
+	assert.True(t, q.quiet(time.Now()))
+	q.learn(tenantShards{tenant: uuid.New(), shards: 1})
+	assert.True(t, q.quiet(time.Now()), "a known tenant without work")
+	b := uuid.New()
+	q.woke(tenantShards{tenant: b, shards: 1})
+	assert.False(t, q.quiet(time.Now()))
+	assert.True(t, q.quiet(time.Now().Add(recentWork+time.Second)))
+	q.hold(stream.Message{Tenant: b})
+	assert.False(t, q.quiet(time.Now().Add(recentWork+time.Second)), "held messages wait")
+}

@@ -15,6 +15,10 @@
 //   - messages left pending by a dead consumer are reclaimed (XAUTOCLAIM)
 //     after ClaimIdle; one delivered more than MaxDeliveries times without
 //     ever running is reported as a failed attempt instead;
+//   - a success report may offer the slot it frees to the run's next task
+//     (eager dispatch): the answer then carries that task's lease and the
+//     slot runs it, with no stream message; offered only while nobody
+//     else has work here and within EagerWindow of the slot's last read;
 //   - on shutdown the worker stops reading, lets running tasks finish
 //     within ShutdownTimeout, then cancels and reports the rest.
 //
@@ -27,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"sync"
@@ -91,6 +96,12 @@ type Config struct {
 	// NoEager turns eager dispatch off: every task then comes through its
 	// stream (see taskapi.EagerOffer).
 	NoEager bool
+	// EagerWindow bounds how long one slot keeps taking a run's next tasks
+	// with its reports before it goes back to the read loops and the fair
+	// picks (default 1s, the same bound IdlePoll puts on finding work whose
+	// wake-up was lost): a chain of short steps yields its slot at least
+	// that often, and a chain of long steps is not kept eagerly at all.
+	EagerWindow time.Duration
 }
 
 func (c *Config) defaults() {
@@ -122,6 +133,9 @@ func (c *Config) defaults() {
 	if c.ActiveWindow <= 0 {
 		c.ActiveWindow = 24 * time.Hour
 	}
+	if c.EagerWindow <= 0 {
+		c.EagerWindow = time.Second
+	}
 }
 
 // Worker executes tasks.
@@ -152,9 +166,10 @@ type Worker struct {
 
 	// nodeTypes are the node types the worker has executors for, offered
 	// with eager offers; stopping is set once shutdown begins.
-	nodeTypes   []string
-	stopping    atomic.Bool
-	eagerStarts atomic.Int64
+	nodeTypes    []string
+	stopping     atomic.Bool
+	eagerRefused atomic.Bool
+	eagerStarts  atomic.Int64
 }
 
 type tenantShards struct {
@@ -484,9 +499,9 @@ func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Leas
 	go func() {
 		defer w.running.Done()
 		defer w.releaseFor(m) // an eager lease is on m's queue, of m's tenant
-		cur := m
+		cur, since := m, time.Now()
 		for {
-			next := w.execute(ctx, execCtx, cur, t)
+			next := w.execute(ctx, execCtx, cur, t, since)
 			done()
 			if next == nil {
 				return
@@ -523,23 +538,51 @@ func (w *Worker) hold(execCtx context.Context, m stream.Message, l taskapi.Lease
 	}
 }
 
-// eagerOffer is what the worker offers with a result of m's tenant: the
-// slot, for the run's next task, when the queue's scheduler would give it
-// to the same tenant anyway (nobody else has work here) and the worker is
-// not shutting down.
-func (w *Worker) eagerOffer(m stream.Message) *taskapi.EagerOffer {
-	if w.cfg.NoEager || w.stopping.Load() {
+// eagerOffer is what the worker offers with a result of m's tenant, from
+// a slot taken from a read at since: the slot, for the run's next task,
+// when the fair picks would give it to the same tenant anyway — nobody
+// else has work on m's queue, and the worker's other queues are quiet —
+// and the slot has not kept taking next tasks for longer than EagerWindow.
+// Not once shutdown began, nor after the server refused an offer.
+func (w *Worker) eagerOffer(m stream.Message, since time.Time) *taskapi.EagerOffer {
+	if w.cfg.NoEager || w.stopping.Load() || w.eagerRefused.Load() {
 		return nil
 	}
-	if s := w.scheds[m.Queue]; s == nil || !s.mayKeep(m.Tenant, time.Now()) {
+	now := time.Now()
+	if now.Sub(since) >= w.cfg.EagerWindow {
+		return nil
+	}
+	for q, s := range w.scheds {
+		if q == m.Queue && !s.mayKeep(m.Tenant, now) || q != m.Queue && !s.quiet(now) {
+			return nil
+		}
+	}
+	if w.scheds[m.Queue] == nil {
 		return nil
 	}
 	return &taskapi.EagerOffer{Queue: m.Queue, NodeTypes: w.nodeTypes, TTLMillis: w.cfg.LeaseTTL.Milliseconds()}
 }
 
+// complete reports a success with an eager offer. A server that does not
+// know offers (an older version) refuses the request as malformed: the
+// report is sent again without it, and this worker stops offering.
+func (w *Worker) complete(ctx context.Context, log *zap.Logger, req taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
+	res, err := w.api.Complete(ctx, req)
+	var apiErr *taskapi.APIError
+	if req.Eager == nil || !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest {
+		return res, err
+	}
+	req.Eager = nil
+	res, err2 := w.api.Complete(ctx, req)
+	if err2 == nil && w.eagerRefused.CompareAndSwap(false, true) {
+		log.Warn("the server refused an eager offer but took the report without it; eager dispatch is off for this worker", zap.Error(err))
+	}
+	return res, err2
+}
+
 // execute runs one task and reports its result; it returns the run's next
 // task when the report's answer leased one to this worker.
-func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task) *taskapi.Lease {
+func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task, since time.Time) *taskapi.Lease {
 	if m.TraceParent != "" {
 		ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier{"traceparent": m.TraceParent})
 	}
@@ -578,9 +621,9 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task)
 	// the next step's dispatch continues the same trace.
 	reportCtx := trace.ContextWithSpan(execCtx, span)
 	if err == nil {
-		offer := w.eagerOffer(m)
+		offer := w.eagerOffer(m, since)
 		res := w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
-			return w.api.Complete(ctx, taskapi.CompleteRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Output: out, Eager: offer})
+			return w.complete(ctx, log, taskapi.CompleteRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Output: out, Eager: offer})
 		})
 		if res.Next != nil && res.Next.Acquired {
 			return res.Next
