@@ -27,7 +27,7 @@ test: services lint
 ## bench: the benchmarks (see docs/benchmarks.md): end to end, then the pure core
 bench: services build
 	./$(BIN) bench -out bench-results.json
-	$(GO) test -run '^$$' -bench . -benchmem ./engine/statemachine ./engine/dag
+	$(GO) test -run '^$$' -bench . -benchmem ./engine/statemachine ./engine/dag ./internal/pguuid
 
 ## migrate: apply the migrations to the configured database
 migrate: services build

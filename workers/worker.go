@@ -219,24 +219,29 @@ func (w *Worker) Run(ctx context.Context) error {
 	execCtx, cancelExec := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelExec(ErrShutdown)
 
-	var loops sync.WaitGroup
-	loops.Add(3)
+	// starters are the loops that start executions (w.running.Add): they
+	// end before the shutdown waits on w.running, so no execution is added
+	// while it waits.
+	var loops, starters sync.WaitGroup
+	loops.Add(2)
 	go func() { defer loops.Done(); w.wakeLoop(ctx) }()
 	go func() { defer loops.Done(); w.renewLoop(execCtx) }()
-	go func() { defer loops.Done(); w.reclaimLoop(ctx, execCtx) }()
+	starters.Add(1)
+	go func() { defer starters.Done(); w.reclaimLoop(ctx, execCtx) }()
 	for _, q := range w.cfg.Queues {
-		loops.Add(1)
-		go func() { defer loops.Done(); w.readLoop(ctx, execCtx, q) }()
+		starters.Add(1)
+		go func() { defer starters.Done(); w.readLoop(ctx, execCtx, q) }()
 	}
 	w.log.Info("worker started", zap.Strings("queues", w.cfg.Queues), zap.Int("concurrency", w.cfg.Concurrency))
 	<-ctx.Done()
 	w.stopping.Store(true)
 
+	deadline := time.After(w.cfg.ShutdownTimeout)
 	done := make(chan struct{})
-	go func() { w.running.Wait(); close(done) }()
+	go func() { starters.Wait(); w.running.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(w.cfg.ShutdownTimeout):
+	case <-deadline:
 		w.log.Warn("shutdown deadline passed; cancelling running tasks")
 		cancelExec(ErrShutdown)
 		<-done

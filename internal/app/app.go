@@ -27,6 +27,7 @@ import (
 	"github.com/composer-dev/composer/graph"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pguuid"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
 	"github.com/composer-dev/composer/tenants"
@@ -88,6 +89,7 @@ func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration,
 	// queries (custom plans); generic plans prune partitions at executor
 	// start instead, which measured ~30% more steps per second.
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	cfg.AfterConnect = pguuid.AfterConnect
 	for _, o := range opts {
 		o(cfg)
 	}

@@ -39,6 +39,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver for goose
 	"github.com/redis/go-redis/v9"
 
+	"github.com/composer-dev/composer/internal/pguuid"
 	"github.com/composer-dev/composer/migrations"
 )
 
@@ -167,6 +168,7 @@ func mustPool(t testing.TB, u string) *pgxpool.Pool {
 		t.Fatalf("testenv: parse %s: %v", redact(u), err)
 	}
 	cfg.MaxConns = 16
+	cfg.AfterConnect = pguuid.AfterConnect // as the server's pools
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("testenv: pool %s: %v", redact(u), err)
