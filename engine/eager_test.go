@@ -47,6 +47,9 @@ func TestEagerOfferLeasesTheNextTaskInTheReportsTransaction(t *testing.T) {
 	assert.Equal(t, "noop", n.NodeType)
 	assert.Equal(t, "default", n.Queue)
 	assert.JSONEq(t, `{"from_a":1}`, string(n.Input), "the input mapping ran")
+	var stored []byte
+	require.NoError(t, f.env.System.QueryRow(context.Background(), `SELECT input FROM task_instances WHERE id = $1`, b.ID).Scan(&stored))
+	assert.Equal(t, string(stored), string(n.Input), "byte for byte what an acquired lease carries")
 	assert.Equal(t, wf, n.WorkflowID)
 
 	var state, owner string
@@ -73,10 +76,11 @@ func TestEagerOfferLeasesTheNextTaskInTheReportsTransaction(t *testing.T) {
 	assert.Equal(t, "completed", string(f.runStatus(run)))
 }
 
-// TestEagerOfferTakesOnlyWhatTheWorkerRuns: the offer names a queue and
-// node types; a next task elsewhere, of another type, or due later goes
-// through the outbox as usual, and a fan-out hands the worker one task
-// only (the one slot it offered).
+// TestEagerOfferTakesOnlyWhatTheWorkerRuns: the offer names a queue (the
+// reported task's: the slot it frees) and node types; a next task
+// elsewhere, of another type, or not run by workers goes through the
+// outbox as usual, and a fan-out hands the worker one task only (the one
+// slot it offered).
 func TestEagerOfferTakesOnlyWhatTheWorkerRuns(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -87,6 +91,8 @@ func TestEagerOfferTakesOnlyWhatTheWorkerRuns(t *testing.T) {
 		{"other queue", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","queue":"gpu","depends_on":["a"]}]}`, noopOffer},
 		{"other type", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"http","http":{"method":"GET","url":"http://127.0.0.1:9/"},"depends_on":["a"]}]}`, noopOffer},
 		{"no offer", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","depends_on":["a"]}]}`, nil},
+		{"offered queue is not the reported task's", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","queue":"gpu","depends_on":["a"]}]}`,
+			&EagerOffer{Queue: "gpu", NodeTypes: []string{"noop"}, TTL: 30 * time.Second}},
 		{"not a worker node", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"sleep","sleep":{"duration":"1h"},"depends_on":["a"]}]}`, noopOffer},
 	}
 	for _, tc := range cases {

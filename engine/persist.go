@@ -135,16 +135,25 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				// Created already leased to the reporting worker: the
 				// state and lease columns the lease UPDATE would write.
 				ttl := ref.eager.TTL
-				p.exec(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
+				next := &Lease{TaskID: id, RunID: p.runID, Attempt: 1, Queue: p.def.wf.Node(a.NodeID).QueueName(), TraceParent: p.traceparent,
+					Acquired: true, ExpiresAt: p.now.Add(ttl), NodeID: a.NodeID, NodeType: string(a.Type), WorkflowID: p.workflowID,
+					WorkflowVersion: p.version, MaxAttempts: a.MaxAttempts}
+				p.next = next
+				// Input and config as stored (jsonb), byte for byte what an
+				// acquired lease of the same task would carry.
+				p.b.Queue(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
 					input, config, dispatch_at, lease_owner, lease_expires_at, started_at)
-					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())`,
-					tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, a.MaxAttempts, jsonOrNil(a.Input), config, ref.owner, ttl.Seconds())
-				p.next = &Lease{TaskID: id, RunID: p.runID, Attempt: 1, Queue: a.Queue, TraceParent: p.traceparent, Acquired: true,
-					ExpiresAt: p.now.Add(ttl), NodeID: a.NodeID, NodeType: string(a.Type), Input: a.Input, Config: config,
-					WorkflowID: p.workflowID, WorkflowVersion: p.version, MaxAttempts: a.MaxAttempts}
-				if p.next.Queue == "" {
-					p.next.Queue = p.def.wf.Node(a.NodeID).QueueName()
-				}
+					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())
+					RETURNING input, config`,
+					tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, a.MaxAttempts, jsonOrNil(a.Input), config, ref.owner, ttl.Seconds()).
+					QueryRow(func(r pgx.Row) error {
+						var in, cfg []byte
+						if err := r.Scan(&in, &cfg); err != nil {
+							return err
+						}
+						next.Input, next.Config = in, cfg
+						return nil
+					})
 				continue
 			}
 			p.exec(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
@@ -274,6 +283,10 @@ func (p *persister) report(ev sm.Event, ref eventRef) *AttemptReport {
 // One at most: the offer is the one slot the report frees.
 func (p *persister) eagerCandidate(tr sm.Transition, ref eventRef) string {
 	if ref.eager == nil || ref.owner == "" {
+		return ""
+	}
+	// The slot offered is the reported task's: its queue only.
+	if n := p.def.wf.Node(ref.node); n == nil || n.QueueName() != ref.eager.Queue {
 		return ""
 	}
 	created := map[string]bool{}
