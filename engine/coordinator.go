@@ -453,7 +453,8 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 // eagerAgain finds the task the applied completion of r's attempt leased
 // to r's worker — created in that completion's transaction, so it started
 // at the very timestamp the reported task finished — still running on its
-// first attempt, and extends its lease.
+// first attempt under a live lease, and extends that lease. (An expired
+// one is the sweep's: it may be failing it right now.)
 func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report) (*Lease, error) {
 	var next *Lease
 	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
@@ -464,7 +465,7 @@ func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report
 			  FROM task_instances d, workflow_runs r
 			 WHERE d.tenant_id = $1 AND d.run_id = $2 AND d.id = $3 AND d.attempt = $4 AND d.state = 'completed'
 			   AND t.tenant_id = $1 AND t.run_id = $2 AND t.id <> d.id AND t.state = 'running' AND t.attempt = 1
-			   AND t.lease_owner = $5 AND t.started_at = d.finished_at
+			   AND t.lease_owner = $5 AND t.started_at = d.finished_at AND t.lease_expires_at > now()
 			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
 			RETURNING t.id, t.node_id, t.node_type, coalesce(t.queue, ''), t.input, t.config, t.max_attempts, t.lease_expires_at,
 			          r.workflow_id, r.workflow_version, coalesce(r.traceparent, '')`,
@@ -478,6 +479,9 @@ func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report
 		}
 		if l.Queue == "" {
 			l.Queue = dag.DefaultQueue
+		}
+		if tp := traceParent(ctx); tp != "" {
+			l.TraceParent = tp // the report's trace, as the first answer had
 		}
 		l.Input, l.Config = input, config
 		next = &l

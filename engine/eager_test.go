@@ -116,11 +116,11 @@ func TestEagerOfferTakesOnlyWhatTheWorkerRuns(t *testing.T) {
 	assert.Zero(t, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1`, ack.Next.TaskID))
 }
 
-// TestEagerOfferOnAStaleOrBadReportChangesNothing: a malformed offer is
+// TestEagerOfferOnARepeatedStaleOrBadReport: a malformed offer is
 // rejected before anything is written; a repeated completion is ignored
 // and hands back the lease its first answer carried (nothing new); a
 // stale one gets nothing.
-func TestEagerOfferOnAStaleOrBadReportChangesNothing(t *testing.T) {
+func TestEagerOfferOnARepeatedStaleOrBadReport(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","depends_on":["a"]}]}`)

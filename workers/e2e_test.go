@@ -327,6 +327,34 @@ func TestPoisonMessageBecomesAFailedAttempt(t *testing.T) {
 
 // TestGracefulShutdownFinishesRunningTasks stops a worker while a task runs:
 // the worker stops reading, lets the task finish and report, then exits.
+// TestShutdownDeadlineReportsWhatItCancels: a task still running when the
+// shutdown deadline passes is cancelled and reported as a retryable
+// failure before the worker exits, so it is retried at once, not after
+// its lease expires.
+func TestShutdownDeadlineReportsWhatItCancels(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	started := make(chan struct{}, 1)
+	h := &workers.Handlers{}
+	h.Register("stuck", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	_, stop := sys.StartWorker(apptest.WorkerOptions{Handlers: h, Config: func(c *workers.Config) {
+		c.ShutdownTimeout = 200 * time.Millisecond
+		c.LeaseTTL = time.Minute // the lease would outlast the test: only the report can requeue it
+	}})
+	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"s","type":"task","task":{"handler":"stuck"},"retry":{"max_attempts":3}}]}`), `{}`)
+	<-started
+	stop()
+	got, tasks := sys.Run(run)
+	assert.Equal(t, "running", got.Status)
+	assert.Equal(t, "pending", tasks["s"].State, "the cancelled attempt was reported")
+	assert.Equal(t, 2, tasks["s"].Attempt)
+	assert.Contains(t, string(tasks["s"].LastError), "worker_shutdown")
+}
+
 func TestGracefulShutdownFinishesRunningTasks(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)

@@ -20,12 +20,12 @@ import (
 )
 
 // chainDef is a chain of n task steps on queue, each adding one to its
-// input, each allowed one attempt.
-func chainDef(n int, queue string) string {
-	def := fmt.Sprintf(`{"nodes":[{"id":"s0","type":"task","task":{"handler":"inc"},"queue":%q}`, queue)
+// input, each allowed attempts attempts.
+func chainDef(n int, queue string, attempts int) string {
+	def := fmt.Sprintf(`{"nodes":[{"id":"s0","type":"task","task":{"handler":"inc"},"queue":%q,"retry":{"max_attempts":%d}}`, queue, attempts)
 	for i := 1; i < n; i++ {
-		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"inc"},"queue":%q,"depends_on":["s%d"],"input":{"n":"nodes.s%d.output.n"}}`,
-			i, queue, i-1, i-1)
+		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"inc"},"queue":%q,"retry":{"max_attempts":%d},"depends_on":["s%d"],"input":{"n":"nodes.s%d.output.n"}}`,
+			i, queue, attempts, i-1, i-1)
 	}
 	return def + `]}`
 }
@@ -63,7 +63,7 @@ func TestChainStepsGoEagerlyToTheReportingWorker(t *testing.T) {
 				longWindow(c)
 				c.NoEager = !eager
 			}})
-			wf := sys.Workflow(chainDef(10, "default"))
+			wf := sys.Workflow(chainDef(10, "default", 1))
 			var runs []uuid.UUID
 			for range 8 {
 				runs = append(runs, sys.StartRun(wf, `{}`))
@@ -114,7 +114,7 @@ func TestLostEagerAnswerIsRecoveredByTheRepeatedReport(t *testing.T) {
 	api := &lossyAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
 	var calls sync.Map
 	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(&calls), API: api, Config: longWindow})
-	run, tasks := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(3, "default")), `{}`), 30*time.Second)
+	run, tasks := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(3, "default", 1)), `{}`), 30*time.Second)
 	require.Equal(t, "completed", run.Status)
 	assert.JSONEq(t, `{"s2":{"n":3}}`, string(run.Output))
 	lost := api.lost.Load()
@@ -150,14 +150,44 @@ func TestWorkerFallsBackWhenTheServerRefusesOffers(t *testing.T) {
 	sys := apptest.Start(t)
 	api := &oldServerAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
 	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(nil), API: api, Config: longWindow})
-	wf := sys.Workflow(chainDef(5, "default"))
+	wf := sys.Workflow(chainDef(5, "default", 1))
 	for range 3 {
 		run, _ := sys.WaitRun(sys.StartRun(wf, `{}`), 30*time.Second)
 		require.Equal(t, "completed", run.Status)
 		assert.JSONEq(t, `{"s4":{"n":5}}`, string(run.Output))
 	}
-	assert.EqualValues(t, 1, api.offers.Load(), "one refused offer, then none")
+	assert.EqualValues(t, 1, api.offers.Load(), "one refused offer, then none for a while")
 	assert.Zero(t, w.EagerStarts())
+}
+
+// TestOtherBadRequestsDoNotTurnOffersOff: a 400 for anything but the offer
+// itself is the report's own problem: the worker does not resend it, nor
+// stop offering.
+func TestOtherBadRequestsDoNotTurnOffersOff(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	api := &badOutputAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
+	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(nil), API: api, Config: longWindow})
+	run, _ := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(4, "default", 3)), `{}`), 30*time.Second)
+	require.Equal(t, "completed", run.Status)
+	assert.EqualValues(t, 1, api.calls.Load()-api.passed.Load(), "the refused report was not resent")
+	assert.EqualValues(t, 3, w.EagerStarts(), "offers went on after the refusal: s1-s3 came with reports")
+}
+
+// badOutputAPI refuses the first report (s0's) as malformed for a reason
+// of its own; s0 then runs again when its lease expires (a new attempt
+// through the stream), so the chain still completes.
+type badOutputAPI struct {
+	workers.TaskAPI
+	calls, passed atomic.Int32
+}
+
+func (a *badOutputAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
+	if a.calls.Add(1) == 1 {
+		return taskapi.ReportResponse{}, &taskapi.APIError{Status: 400, Code: "INVALID", Message: "output is not valid JSON"}
+	}
+	a.passed.Add(1)
+	return a.TaskAPI.Complete(ctx, r)
 }
 
 // TestEagerChainDoesNotStarveAnotherQueue: a one-slot worker serving two
@@ -183,7 +213,7 @@ func TestEagerChainDoesNotStarveAnotherQueue(t *testing.T) {
 		_, tasks := sys.Run(chain)
 		return len(tasks) >= 5
 	})
-	other := sys.StartRun(sys.Workflow(chainDef(1, "other")), `{}`)
+	other := sys.StartRun(sys.Workflow(chainDef(1, "other", 1)), `{}`)
 	run, _ := sys.WaitRun(other, 30*time.Second)
 	require.Equal(t, "completed", run.Status)
 	got, tasks := sys.Run(chain)

@@ -256,7 +256,8 @@ func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
 // TestEagerOfferRules: a worker offers its slot with a result only within
 // the eager window of the slot's last read, while the tenant is alone on
 // the queue and the worker's other queues are quiet, and never while
-// shutting down, when turned off, or after the server refused an offer.
+// shutting down, when turned off, or for a while after a server refused an
+// offer.
 func TestEagerOfferRules(t *testing.T) {
 	w := New(Config{Queues: []string{"default", "other"}}, nil, nil, map[string]Executor{"noop": Noop, "http": Noop}, nil)
 	a := uuid.New()
@@ -277,9 +278,10 @@ func TestEagerOfferRules(t *testing.T) {
 	w = New(Config{}, nil, nil, map[string]Executor{"noop": Noop}, nil)
 	w.scheds["default"].learn(tenantShards{tenant: a, shards: 1, weight: 1})
 	require.NotNil(t, w.eagerOffer(m, time.Now()))
-	w.eagerRefused.Store(true)
-	assert.Nil(t, w.eagerOffer(m, time.Now()), "the server refused offers")
-	w.eagerRefused.Store(false)
+	w.eagerRefusedUntil.Store(time.Now().Add(time.Minute).UnixNano())
+	assert.Nil(t, w.eagerOffer(m, time.Now()), "a server refused offers lately")
+	w.eagerRefusedUntil.Store(time.Now().Add(-time.Second).UnixNano())
+	require.NotNil(t, w.eagerOffer(m, time.Now()), "and offers resume after the pause")
 	w.stopping.Store(true)
 	assert.Nil(t, w.eagerOffer(m, time.Now()), "shutting down")
 	w.stopping.Store(false)

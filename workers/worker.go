@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,10 +167,10 @@ type Worker struct {
 
 	// nodeTypes are the node types the worker has executors for, offered
 	// with eager offers; stopping is set once shutdown begins.
-	nodeTypes    []string
-	stopping     atomic.Bool
-	eagerRefused atomic.Bool
-	eagerStarts  atomic.Int64
+	nodeTypes         []string
+	stopping          atomic.Bool
+	eagerRefusedUntil atomic.Int64 // unix nanoseconds
+	eagerStarts       atomic.Int64
 }
 
 type tenantShards struct {
@@ -550,10 +551,10 @@ func (w *Worker) hold(execCtx context.Context, m stream.Message, l taskapi.Lease
 // and the slot has not kept taking next tasks for longer than EagerWindow.
 // Not once shutdown began, nor after the server refused an offer.
 func (w *Worker) eagerOffer(m stream.Message, since time.Time) *taskapi.EagerOffer {
-	if w.cfg.NoEager || w.stopping.Load() || w.eagerRefused.Load() {
+	now := time.Now()
+	if w.cfg.NoEager || w.stopping.Load() || now.UnixNano() < w.eagerRefusedUntil.Load() {
 		return nil
 	}
-	now := time.Now()
 	if now.Sub(since) >= w.cfg.EagerWindow {
 		return nil
 	}
@@ -568,21 +569,30 @@ func (w *Worker) eagerOffer(m stream.Message, since time.Time) *taskapi.EagerOff
 	return &taskapi.EagerOffer{Queue: m.Queue, NodeTypes: w.nodeTypes, TTLMillis: w.cfg.LeaseTTL.Milliseconds()}
 }
 
+// shutdownReport bounds the report of an execution the shutdown deadline
+// cancelled.
+const shutdownReport = 5 * time.Second
+
+// eagerPause is how long a worker stops offering after a server refused
+// an offer (an older server, perhaps one of several during an upgrade).
+const eagerPause = time.Minute
+
 // complete reports a success with an eager offer. A server that does not
-// know offers (an older version) refuses the request as malformed: the
-// report is sent again without it, and this worker stops offering.
+// know offers (an older version) refuses the request's unknown field: the
+// report is sent again without it, and this worker stops offering for
+// eagerPause.
 func (w *Worker) complete(ctx context.Context, log *zap.Logger, req taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
 	res, err := w.api.Complete(ctx, req)
 	var apiErr *taskapi.APIError
-	if req.Eager == nil || !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest {
+	if req.Eager == nil || !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest ||
+		!strings.Contains(apiErr.Message, `unknown field "eager"`) {
 		return res, err
 	}
+	w.eagerRefusedUntil.Store(time.Now().Add(eagerPause).UnixNano())
+	log.Warn("the server does not take eager offers; reporting without one, and not offering for a while",
+		zap.Duration("for", eagerPause), zap.Error(err))
 	req.Eager = nil
-	res, err2 := w.api.Complete(ctx, req)
-	if err2 == nil && w.eagerRefused.CompareAndSwap(false, true) {
-		log.Warn("the server refused an eager offer but took the report without it; eager dispatch is off for this worker", zap.Error(err))
-	}
-	return res, err2
+	return w.api.Complete(ctx, req)
 }
 
 // execute runs one task and reports its result; it returns the run's next
@@ -623,8 +633,16 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task,
 		return nil
 	}
 	// Reports outlive the execution's context but belong to its trace, so
-	// the next step's dispatch continues the same trace.
+	// the next step's dispatch continues the same trace. An execution cut
+	// off by the shutdown deadline (execCtx is done) still gets its report
+	// out, within shutdownReport, so its task is retried at once rather
+	// than when its lease expires.
 	reportCtx := trace.ContextWithSpan(execCtx, span)
+	if execCtx.Err() != nil {
+		var cancel context.CancelFunc
+		reportCtx, cancel = context.WithTimeout(context.WithoutCancel(reportCtx), shutdownReport)
+		defer cancel()
+	}
 	if err == nil {
 		offer := w.eagerOffer(m, since)
 		res := w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {

@@ -9,6 +9,7 @@ package pguuid
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -37,12 +38,30 @@ type encodePlan struct{ next pgtype.EncodePlan }
 func (p *encodePlan) SetNext(next pgtype.EncodePlan) { p.next = next }
 
 func (p *encodePlan) Encode(v any, buf []byte) ([]byte, error) {
-	return p.next.Encode(value(v.(uuid.UUID)), buf)
+	switch u := v.(type) {
+	case uuid.UUID:
+		return p.next.Encode(value(u), buf)
+	case *uuid.UUID:
+		if u == nil {
+			return nil, nil // NULL
+		}
+		return p.next.Encode(value(*u), buf)
+	}
+	return nil, fmt.Errorf("pguuid: cannot encode %T", v)
 }
 
+// tryWrapEncode takes uuid.UUID and *uuid.UUID (the nullable columns'
+// parameters: pgx does not unwrap pointers to Valuers itself). Where the
+// parameter is not a uuid (a text cast, say) the uuid codec refuses the
+// wrapped value and pgx goes on to the driver.Valuer, as without this.
 func tryWrapEncode(v any) (pgtype.WrappedEncodePlanNextSetter, any, bool) {
-	if u, ok := v.(uuid.UUID); ok {
+	switch u := v.(type) {
+	case uuid.UUID:
 		return &encodePlan{}, value(u), true
+	case *uuid.UUID:
+		if u != nil {
+			return &encodePlan{}, value(*u), true
+		}
 	}
 	return nil, nil, false
 }

@@ -2,6 +2,7 @@ package pguuid_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
@@ -41,6 +42,18 @@ func TestUUIDsRoundTrip(t *testing.T) {
 	var eq bool
 	require.NoError(t, env.System.QueryRow(ctx, `SELECT $1::uuid = $2::text::uuid`, u, u.String()).Scan(&eq))
 	assert.True(t, eq)
+	require.NoError(t, env.System.QueryRow(ctx, `SELECT $1::text`, u).Scan(&text))
+	assert.Equal(t, u.String(), text, "a uuid given to a text parameter is still its text")
+
+	// And the pools really use the registered plan (the round trips above
+	// pass through pgx's fallback as well).
+	conn, err := env.System.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	for _, v := range []any{u, &u} {
+		plan := conn.Conn().TypeMap().PlanEncode(pgtype.UUIDOID, pgtype.BinaryFormatCode, v)
+		assert.Equal(t, "*pguuid.encodePlan", fmt.Sprintf("%T", plan), "%T", v)
+	}
 }
 
 // BenchmarkEncodeUUID: a uuid parameter, encoded through the registered
