@@ -57,7 +57,9 @@ type Tx struct {
 	afterCommit []func()
 }
 
-// AfterCommit registers fn to run after a successful commit, in order.
+// AfterCommit registers fn to run after a successful commit, in order,
+// once the transaction's connection is back in the pool (fn must not use
+// the transaction).
 func (t *Tx) AfterCommit(fn func()) { t.afterCommit = append(t.afterCommit, fn) }
 
 const (
@@ -237,26 +239,36 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 		return fmt.Errorf("acquire connection: %w", err)
 	}
 	tx := &Tx{Tenant: tenant, localOutbox: localOutbox, conn: conn}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			conn.Release()
+		}
+	}
 	defer func() {
 		if tx.begun && !tx.committed && err != nil {
 			// A connection left in a transaction is destroyed by the pool
 			// on release, so a failed rollback cannot leak the tenant.
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
-		conn.Release()
+		release()
 	}()
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	if !tx.begun || tx.committed {
-		return runHooks(tx) // nothing was sent, or fn committed with its last batch
+	// (Unless nothing was sent, or fn committed with its last batch.)
+	if tx.begun && !tx.committed {
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+			return fmt.Errorf("commit: transaction still open (status %q)", st)
+		}
 	}
-	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
-		return fmt.Errorf("commit: transaction still open (status %q)", st)
-	}
+	// The after-commit hooks talk to Redis and the network, not to this
+	// transaction: the connection goes back to the pool before they run.
+	release()
 	return runHooks(tx)
 }
 
