@@ -86,6 +86,7 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		permitted[i] = true
 	}
 	var members []string
+	permitsAt := time.Now() // no earlier than the permits' own clock reading, less any skew
 	if c.opts.Slots != nil {
 		limit, err := c.limits.get(ctx, tenant)
 		if err != nil {
@@ -151,6 +152,24 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 			if permitted[i] && !kept[m] {
 				kept[m] = true // once: a duplicate request named the same permit
 				unused = append(unused, m)
+			}
+		}
+		// A permit lives PermitGrace longer than the TTL from when it was
+		// taken; the lease, TTL from its commit. If the lease transaction
+		// came late (a wait for a connection, a loaded machine), the permits
+		// would lapse before their leases and let another task in: re-score
+		// them from now, while they are still held (they live a whole TTL).
+		if err == nil && time.Since(permitsAt) > tenants.PermitGrace/2 {
+			var granted []string
+			for i, m := range members {
+				if out[i].Acquired {
+					granted = append(granted, m)
+				}
+			}
+			if len(granted) > 0 {
+				if rerr := c.opts.Slots.Renew(context.WithoutCancel(ctx), tenant, ttl, granted); rerr != nil {
+					c.log.Warn("extending quota permits of late leases failed", zap.Error(rerr))
+				}
 			}
 		}
 		if len(unused) > 0 {

@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// TestPermitOutlivesALateLease: the lease transaction starts (and takes
+// its expiry from now()) long after the quota permit was taken — here it
+// waits for a pooled connection; the permit is re-scored so that it still
+// outlives the lease it stands for, otherwise it would lapse first and
+// admit a task over the quota.
+func TestPermitOutlivesALateLease(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	db := &tenants.DB{App: env.App, System: env.System}
+	tn, err := db.Create(ctx, tenants.CreateParams{Name: "acme"})
+	require.NoError(t, err)
+	require.NoError(t, db.Update(ctx, tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 1}}))
+	f := &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{Slots: tenants.NewSlots(env.Redis, env.Namespace, nil)}), tenant: tn.ID}
+	run := f.start(f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`), `{}`)
+	a := f.mustTask(run, "a")
+	// The running-task limit is cached by the coordinator: read it now, so
+	// the lease call below needs no connection before its transaction.
+	_, err = f.c.limits.get(ctx, tn.ID)
+	require.NoError(t, err)
+
+	// Every connection of the app pool is taken: the lease call will wait.
+	var held []*pgxpool.Conn
+	for range int(env.App.Config().MaxConns) {
+		c, err := env.App.Acquire(ctx)
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	type result struct {
+		leases []Lease
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ls, _, err := f.c.AcquireLeases(ctx, f.tenant, "w1", 2*time.Second, []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 1}})
+		done <- result{ls, err}
+	}()
+	key, member := env.Namespace+":{"+tn.ID.String()+"}:running", tenants.SlotMember(a.ID, 1, "w1")
+	eventually(t, "the permit to be taken", 10*time.Second, func() bool {
+		return env.Redis.ZScore(ctx, key, member).Err() == nil
+	})
+	time.Sleep(2 * tenants.PermitGrace) // the delay under test: the permit ages while the lease waits
+	for _, c := range held {
+		c.Release()
+	}
+	res := <-done
+	require.NoError(t, res.err)
+	require.True(t, res.leases[0].Acquired)
+
+	score, err := env.Redis.ZScore(ctx, key, member).Result()
+	require.NoError(t, err)
+	permitExpiry := time.UnixMilli(int64(score))
+	assert.True(t, permitExpiry.After(res.leases[0].ExpiresAt), "permit lapses at %s, lease at %s", permitExpiry, res.leases[0].ExpiresAt)
+}
