@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -217,13 +216,7 @@ func TestEagerLeaseTheWorkerNeverHeardOfIsSwept(t *testing.T) {
 // not admitted past the limit by another worker meanwhile.
 func TestEagerLeaseTakesOverTheEndedAttemptsPermit(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(context.Background(), tenants.CreateParams{Name: "acme"})
-	require.NoError(t, err)
-	require.NoError(t, db.Update(context.Background(), tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 1}}))
-	slots := tenants.NewSlots(env.Redis, env.Namespace, nil)
-	f := &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{Slots: slots}), tenant: tn.ID}
+	f, slots := newQuotaFixture(t, 1)
 
 	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","depends_on":["a"]}]}`)
 	run, other := f.start(wf, `{}`), f.start(wf, `{}`)
@@ -237,7 +230,7 @@ func TestEagerLeaseTakesOverTheEndedAttemptsPermit(t *testing.T) {
 	ack, err := f.completeAs(run, a, "a", "w1", noopOffer)
 	require.NoError(t, err)
 	require.NotNil(t, ack.Next)
-	members, err := env.Redis.ZRange(context.Background(), env.Namespace+":{"+tn.ID.String()+"}:running", 0, -1).Result()
+	members, err := f.env.Redis.ZRange(context.Background(), f.env.Namespace+":{"+f.tenant.String()+"}:running", 0, -1).Result()
 	require.NoError(t, err)
 	assert.Equal(t, []string{tenants.SlotMember(ack.Next.TaskID, 1, "w1")}, members, "one permit, now the eager lease's")
 
@@ -250,7 +243,7 @@ func TestEagerLeaseTakesOverTheEndedAttemptsPermit(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, ack.Next)
 	eventually(t, "the last permit to be given back", 5*time.Second, func() bool {
-		n, err := slots.Held(context.Background(), tn.ID)
+		n, err := slots.Held(context.Background(), f.tenant)
 		return err == nil && n == 0
 	})
 }

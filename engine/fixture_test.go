@@ -33,6 +33,19 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{}), tenant: tn.ID}
 }
 
+// newQuotaFixture is a fixture whose tenant may run limit tasks at once,
+// enforced by a real Redis semaphore.
+func newQuotaFixture(t *testing.T, limit int) (*fixture, *tenants.Slots) {
+	t.Helper()
+	env := testenv.New(t)
+	db := &tenants.DB{App: env.App, System: env.System}
+	tn, err := db.Create(context.Background(), tenants.CreateParams{Name: "acme"})
+	require.NoError(t, err)
+	require.NoError(t, db.Update(context.Background(), tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: limit}}))
+	slots := tenants.NewSlots(env.Redis, env.Namespace, nil)
+	return &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{Slots: slots}), tenant: tn.ID}, slots
+}
+
 func (f *fixture) workflow(def string) uuid.UUID {
 	f.t.Helper()
 	w, _, err := f.c.CreateWorkflow(context.Background(), f.tenant, "wf-"+uuid.NewString()[:8], "", []byte(def))

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -20,18 +19,13 @@ import (
 // admit a task over the quota.
 func TestPermitOutlivesALateLease(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
-	ctx := context.Background()
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "acme"})
-	require.NoError(t, err)
-	require.NoError(t, db.Update(ctx, tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 1}}))
-	f := &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{Slots: tenants.NewSlots(env.Redis, env.Namespace, nil)}), tenant: tn.ID}
+	f, _ := newQuotaFixture(t, 1)
+	env, ctx := f.env, context.Background()
 	run := f.start(f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`), `{}`)
 	a := f.mustTask(run, "a")
 	// The running-task limit is cached by the coordinator: read it now, so
 	// the lease call below needs no connection before its transaction.
-	_, err = f.c.limits.get(ctx, tn.ID)
+	_, err := f.c.limits.get(ctx, f.tenant)
 	require.NoError(t, err)
 
 	// Every connection of the app pool is taken: the lease call will wait.
@@ -50,7 +44,7 @@ func TestPermitOutlivesALateLease(t *testing.T) {
 		ls, _, err := f.c.AcquireLeases(ctx, f.tenant, "w1", 2*time.Second, []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 1}})
 		done <- result{ls, err}
 	}()
-	key, member := env.Namespace+":{"+tn.ID.String()+"}:running", tenants.SlotMember(a.ID, 1, "w1")
+	key, member := env.Namespace+":{"+f.tenant.String()+"}:running", tenants.SlotMember(a.ID, 1, "w1")
 	eventually(t, "the permit to be taken", 10*time.Second, func() bool {
 		return env.Redis.ZScore(ctx, key, member).Err() == nil
 	})
