@@ -555,16 +555,13 @@ func (w *Worker) eagerOffer(m stream.Message, since time.Time) *taskapi.EagerOff
 	if w.cfg.NoEager || w.stopping.Load() || now.UnixNano() < w.eagerRefusedUntil.Load() {
 		return nil
 	}
-	if now.Sub(since) >= w.cfg.EagerWindow {
+	if now.Sub(since) >= w.cfg.EagerWindow || w.scheds[m.Queue] == nil || !w.scheds[m.Queue].mayKeep(m.Tenant, now) {
 		return nil
 	}
 	for q, s := range w.scheds {
-		if q == m.Queue && !s.mayKeep(m.Tenant, now) || q != m.Queue && !s.quiet(now) {
+		if q != m.Queue && !s.quiet(now) {
 			return nil
 		}
-	}
-	if w.scheds[m.Queue] == nil {
-		return nil
 	}
 	return &taskapi.EagerOffer{Queue: m.Queue, NodeTypes: w.nodeTypes, TTLMillis: w.cfg.LeaseTTL.Milliseconds()}
 }

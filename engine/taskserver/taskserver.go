@@ -168,10 +168,7 @@ func (s *Server) acquire(ctx context.Context, c Caller, in taskapi.AcquireReques
 		}
 		out.Quotas = append(out.Quotas, taskapi.TenantQuota{Tenant: tenant, Limit: quota.Limit, Running: quota.Running})
 		for j, i := range idx {
-			l := leases[j]
-			out.Leases[i] = taskapi.Lease{Ref: in.Leases[i], Acquired: l.Acquired, ExpiresAt: l.ExpiresAt, NodeID: l.NodeID,
-				NodeType: l.NodeType, Input: l.Input, Config: l.Config, WorkflowID: l.WorkflowID, WorkflowVersion: l.WorkflowVersion,
-				MaxAttempts: l.MaxAttempts}
+			out.Leases[i] = leaseOf(in.Leases[i], leases[j])
 		}
 	}
 	return out, nil
@@ -203,11 +200,17 @@ func (s *Server) renew(ctx context.Context, c Caller, in taskapi.RenewRequest) (
 func ackOf(tenant uuid.UUID, a engine.Ack) taskapi.ReportResponse {
 	out := taskapi.ReportResponse{Acknowledged: true, Ignored: a.Ignored, Reason: a.Reason, RunStatus: string(a.Status)}
 	if l := a.Next; l != nil {
-		out.Next = &taskapi.Lease{Ref: taskapi.Ref{Tenant: tenant, Run: l.RunID, Task: l.TaskID, Attempt: l.Attempt}, Acquired: true,
-			ExpiresAt: l.ExpiresAt, NodeID: l.NodeID, NodeType: l.NodeType, Input: l.Input, Config: l.Config, WorkflowID: l.WorkflowID,
-			WorkflowVersion: l.WorkflowVersion, MaxAttempts: l.MaxAttempts, Queue: l.Queue, TraceParent: l.TraceParent}
+		next := leaseOf(taskapi.Ref{Tenant: tenant, Run: l.RunID, Task: l.TaskID, Attempt: l.Attempt}, *l)
+		out.Next = &next
 	}
 	return out
+}
+
+// leaseOf is an engine lease on the wire, for the task ref names.
+func leaseOf(ref taskapi.Ref, l engine.Lease) taskapi.Lease {
+	return taskapi.Lease{Ref: ref, Acquired: l.Acquired, ExpiresAt: l.ExpiresAt, NodeID: l.NodeID, NodeType: l.NodeType, Input: l.Input,
+		Config: l.Config, WorkflowID: l.WorkflowID, WorkflowVersion: l.WorkflowVersion, MaxAttempts: l.MaxAttempts, Queue: l.Queue,
+		TraceParent: l.TraceParent}
 }
 
 func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
