@@ -23,8 +23,8 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/sdk/worker"
 	"github.com/composer-dev/composer/tenants"
-	"github.com/composer-dev/composer/workers"
 )
 
 type row struct {
@@ -176,12 +176,12 @@ func TestMetersAreWrittenWithTheTransitionAndOnlyOnce(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	h := &workers.Handlers{}
-	h.Register("work", func(ctx context.Context, _ workers.Task) (json.RawMessage, error) {
-		time.Sleep(20 * time.Millisecond) // the work being measured
-		return json.RawMessage(`{}`), nil
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("work", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			time.Sleep(20 * time.Millisecond) // the work being measured
+			return json.RawMessage(`{}`), nil
+		})
+	}, apptest.SDKWorkerOptions{})
 	wf := sys.Workflow(`{"nodes":[{"id":"a","type":"task","task":{"handler":"work"}},{"id":"b","type":"task","task":{"handler":"work"},"depends_on":["a"]}]}`)
 	run := sys.StartRun(wf, `{}`)
 	got, tasks := sys.WaitRun(run, 30*time.Second)

@@ -19,7 +19,7 @@ import (
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/testenv"
-	"github.com/composer-dev/composer/workers"
+	"github.com/composer-dev/composer/sdk/worker"
 )
 
 func errCode(t *testing.T, raw json.RawMessage) string {
@@ -40,17 +40,17 @@ func TestRetriesBackOffUntilSuccess(t *testing.T) {
 	sys := apptest.Start(t)
 	var mu sync.Mutex
 	var starts []time.Time
-	h := &workers.Handlers{}
-	h.Register("flaky", func(ctx context.Context, tk workers.Task) (json.RawMessage, error) {
-		mu.Lock()
-		starts = append(starts, time.Now())
-		mu.Unlock()
-		if tk.Attempt < 3 {
-			return nil, workers.Retryable("upstream_down", "attempt %d failed", tk.Attempt)
-		}
-		return json.RawMessage(`{"ok": true}`), nil
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("flaky", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			mu.Lock()
+			starts = append(starts, time.Now())
+			mu.Unlock()
+			if tk, _ := worker.TaskFrom(ctx); tk.Attempt < 3 {
+				return nil, worker.Errorf("upstream_down", true, "attempt %d failed", tk.Attempt)
+			}
+			return json.RawMessage(`{"ok": true}`), nil
+		})
+	}, apptest.SDKWorkerOptions{})
 	wf := sys.Workflow(`{"nodes":[{"id":"f","type":"task","task":{"handler":"flaky"},
 		"retry":{"max_attempts":5,"backoff":"300ms","max_backoff":"10s","no_jitter":true}}]}`)
 	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
@@ -65,12 +65,12 @@ func TestNonRetryableFailureFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	var calls atomic.Int32
-	h := &workers.Handlers{}
-	h.Register("bad", func(context.Context, workers.Task) (json.RawMessage, error) {
-		calls.Add(1)
-		return nil, workers.Permanent("invalid_card", "the card was declined")
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("bad", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			calls.Add(1)
+			return nil, worker.Errorf("invalid_card", false, "the card was declined")
+		})
+	}, apptest.SDKWorkerOptions{})
 	wf := sys.Workflow(`{"nodes":[{"id":"pay","type":"task","task":{"handler":"bad"},"retry":{"max_attempts":5}},
 		{"id":"after","type":"noop","depends_on":["pay"]}]}`)
 	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
@@ -85,12 +85,12 @@ func TestNonRetryableFailureFailsAtOnce(t *testing.T) {
 func TestExecutionTimeoutIsAFailedAttempt(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
-	h := &workers.Handlers{}
-	h.Register("hang", func(ctx context.Context, _ workers.Task) (json.RawMessage, error) {
-		<-ctx.Done()
-		return nil, ctx.Err()
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("hang", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+	}, apptest.SDKWorkerOptions{})
 	wf := sys.Workflow(`{"nodes":[{"id":"h","type":"task","task":{"handler":"hang"},"timeout":"200ms","retry":{"max_attempts":2,"backoff":"10ms"}}]}`)
 	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
 	require.Equal(t, "failed", run.Status)
@@ -189,18 +189,19 @@ func TestRerunFromFailedNodesKeepsFinishedWork(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	var prepared, flaky atomic.Int32
-	h := &workers.Handlers{}
-	h.Register("prepare", func(context.Context, workers.Task) (json.RawMessage, error) {
-		prepared.Add(1)
-		return json.RawMessage(`{"prepared": true}`), nil
-	})
-	h.Register("flaky", func(context.Context, workers.Task) (json.RawMessage, error) {
-		if flaky.Add(1) == 1 {
-			return nil, workers.Permanent("broken", "first time unlucky")
-		}
-		return json.RawMessage(`{"fixed": true}`), nil
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+	sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("prepare", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			prepared.Add(1)
+			return json.RawMessage(`{"prepared": true}`), nil
+		})
+		w.HandleRaw("flaky", func(context.Context, json.RawMessage) (json.RawMessage, error) {
+			if flaky.Add(1) == 1 {
+				return nil, worker.Errorf("broken", false, "first time unlucky")
+			}
+			return json.RawMessage(`{"fixed": true}`), nil
+		})
+	}, apptest.SDKWorkerOptions{})
+	sys.StartWorker(apptest.WorkerOptions{}) // the noop node
 	wf := sys.Workflow(`{"nodes":[{"id":"p","type":"task","task":{"handler":"prepare"}},
 		{"id":"f","type":"task","depends_on":["p"],"task":{"handler":"flaky"}},
 		{"id":"z","type":"noop","depends_on":["f"],"input":{"p":"nodes.p.output"}}]}`)

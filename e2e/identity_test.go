@@ -16,8 +16,8 @@ import (
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/sdk/worker"
 	"github.com/composer-dev/composer/tenants"
-	"github.com/composer-dev/composer/workers"
 )
 
 // TestTenantWorkersUseScopedAPIKeys: a tenant runs its own workers with an
@@ -42,26 +42,40 @@ func TestTenantWorkersUseScopedAPIKeys(t *testing.T) {
 	}
 	workerKeyA, readerKeyA := keyOf(a.Tenant, auth.ScopeWorker), keyOf(a.Tenant, auth.ScopeRunsRead)
 
-	h := &workers.Handlers{}
-	h.Register("own", func(context.Context, workers.Task) (json.RawMessage, error) {
-		return json.RawMessage(`{"by":"tenant worker"}`), nil
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h, API: taskapi.NewClient(sys.URL, workerKeyA)})
+	// Tenant B has a task for the same handler, queued before A's worker
+	// connects: A's worker must never be offered it.
+	sys.Tenant = b.Tenant.ID
+	runB := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"t","type":"task","task":{"handler":"own"}}]}`), `{}`)
+	var ranFor []string
+	sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("own", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			tk, _ := worker.TaskFrom(ctx)
+			ranFor = append(ranFor, tk.Run.String())
+			return json.RawMessage(`{"by":"tenant worker"}`), nil
+		})
+	}, apptest.SDKWorkerOptions{Key: workerKeyA, Options: func(o *worker.Options) { o.Concurrency = 1 }})
 	sys.Tenant = a.Tenant.ID
 	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"t","type":"task","task":{"handler":"own"}}]}`), `{}`)
 	got, tasks := sys.WaitRun(run, 20*time.Second)
 	require.Equal(t, "completed", got.Status, "tenant A's worker ran tenant A's task")
 	assert.JSONEq(t, `{"by":"tenant worker"}`, string(tasks["t"].Output))
-
-	// Tenant B's task, reached with tenant A's worker key: not found.
+	assert.Equal(t, []string{run.String()}, ranFor, "and nothing else")
 	sys.Tenant = b.Tenant.ID
-	runB := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"t","type":"noop","queue":"b-only"}]}`), `{}`)
-	_, tb := sys.Run(runB)
-	_, err = taskapi.NewClient(sys.URL, workerKeyA).Acquire(ctx, taskapi.AcquireRequest{WorkerID: "w", TTLMillis: 5000,
-		Leases: []taskapi.Ref{{Tenant: b.Tenant.ID, Run: runB, Task: tb["t"].ID, Attempt: 1}}})
+	gotB, tb := sys.Run(runB)
+	assert.Equal(t, "running", gotB.Status)
+	assert.Equal(t, "pending", tb["t"].State, "tenant B's task waits for tenant B's workers")
+
+	// Tenant B's task, named with tenant A's worker key: not found; and a
+	// tenant's worker cannot take stream messages at all.
 	var apiErr *taskapi.APIError
+	_, err = taskapi.NewClient(sys.URL, workerKeyA).Renew(ctx, taskapi.RenewRequest{WorkerID: "w", TTLMillis: 5000,
+		Leases: []taskapi.Ref{{Tenant: b.Tenant.ID, Run: runB, Task: tb["t"].ID, Attempt: 1}}})
 	require.True(t, errors.As(err, &apiErr), "got %v", err)
 	assert.Equal(t, http.StatusNotFound, apiErr.Status)
+	_, err = taskapi.NewClient(sys.URL, workerKeyA).Acquire(ctx, taskapi.AcquireRequest{WorkerID: "w", TTLMillis: 5000,
+		Leases: []taskapi.Ref{{Tenant: a.Tenant.ID, Run: run, Task: tasks["t"].ID, Attempt: 1}}})
+	require.True(t, errors.As(err, &apiErr), "got %v", err)
+	assert.Equal(t, http.StatusForbidden, apiErr.Status)
 
 	// A key without the worker scope.
 	_, err = taskapi.NewClient(sys.URL, readerKeyA).Renew(ctx, taskapi.RenewRequest{WorkerID: "w", TTLMillis: 5000})

@@ -20,6 +20,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/sdk/worker"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
@@ -41,14 +42,24 @@ func runningNow(t *testing.T, sys *apptest.System, tenant uuid.UUID) int {
 
 // TestQuotaHoldsAcrossWorkers: a tenant limited to 5 running tasks, 200
 // queued, four workers with 8 slots each: never more than 5 run at any
-// sampled instant, and all 200 finish.
+// sampled instant, and all 200 finish — whether the platform's workers run
+// the steps (reading the streams themselves) or the tenant's own SDK
+// workers do (served by polls).
 func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 	t.Parallel()
+	for _, kind := range []string{"platform", "sdk"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			quotaHoldsAcrossWorkers(t, kind)
+		})
+	}
+}
+
+func quotaHoldsAcrossWorkers(t *testing.T, kind string) {
 	sys := apptest.Start(t)
 	setLimits(t, sys, sys.Tenant, tenants.Limits{MaxRunningTasks: 5})
 	var inFlight, peak atomic.Int32
-	h := &workers.Handlers{}
-	h.Register("work", func(ctx context.Context, _ workers.Task) (json.RawMessage, error) {
+	work := func() {
 		n := inFlight.Add(1)
 		for {
 			p := peak.Load()
@@ -58,9 +69,12 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 		}
 		time.Sleep(25 * time.Millisecond)
 		inFlight.Add(-1)
-		return json.RawMessage(`{}`), nil
-	})
-	wf := sys.Workflow(`{"nodes":[{"id":"w","type":"task","task":{"handler":"work"}}]}`)
+	}
+	node := `{"id":"w","type":"noop"}`
+	if kind == "sdk" {
+		node = `{"id":"w","type":"task","task":{"handler":"work"}}`
+	}
+	wf := sys.Workflow(`{"nodes":[` + node + `]}`)
 	// All 200 are queued before any worker starts, and the sampler runs
 	// from before the first grant, so it watches the whole drain (on a
 	// loaded machine the starts alone can outlast the work).
@@ -90,7 +104,16 @@ func TestQuotaHoldsAcrossWorkers(t *testing.T) {
 		}
 	}()
 	for i := 0; i < 4; i++ {
-		sys.StartWorker(apptest.WorkerOptions{Handlers: h})
+		if kind == "sdk" {
+			sys.StartSDKWorker(func(w *worker.Worker) {
+				w.HandleRaw("work", func(context.Context, json.RawMessage) (json.RawMessage, error) { work(); return nil, nil })
+			}, apptest.SDKWorkerOptions{})
+			continue
+		}
+		sys.StartWorker(apptest.WorkerOptions{Noop: workers.ExecutorFunc(func(context.Context, workers.Task) (json.RawMessage, error) {
+			work()
+			return json.RawMessage(`{}`), nil
+		})})
 	}
 	for _, id := range runs {
 		run, _ := sys.WaitRun(id, 60*time.Second)
@@ -230,8 +253,7 @@ func TestWorkersShareByWeight(t *testing.T) {
 	setLimits(t, sys, light.ID, tenants.Limits{Weight: 1})
 	setLimits(t, sys, heavy.ID, tenants.Limits{Weight: 4})
 	var done [2]atomic.Int32
-	h := &workers.Handlers{}
-	h.Register("work", func(_ context.Context, tk workers.Task) (json.RawMessage, error) {
+	h := workers.ExecutorFunc(func(_ context.Context, tk workers.Task) (json.RawMessage, error) {
 		time.Sleep(5 * time.Millisecond)
 		if tk.Tenant == light.ID {
 			done[0].Add(1)
@@ -252,7 +274,7 @@ func TestWorkersShareByWeight(t *testing.T) {
 		require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
 		return n == 0
 	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h, Config: func(c *workers.Config) { c.Concurrency = 4 }})
+	sys.StartWorker(apptest.WorkerOptions{Noop: h, Config: func(c *workers.Config) { c.Concurrency = 4 }})
 	apptest.Eventually(t, "300 tasks to run", 30*time.Second, func() bool { return done[0].Load()+done[1].Load() >= 300 })
 	l, hv := done[0].Load(), done[1].Load()
 	ratio := float64(hv) / float64(max(l, 1))
@@ -264,7 +286,7 @@ func TestWorkersShareByWeight(t *testing.T) {
 func fanOut(n int) string {
 	nodes := `{"id":"root","type":"noop"}`
 	for i := 0; i < n; i++ {
-		nodes += fmt.Sprintf(`,{"id":"t%d","type":"task","task":{"handler":"work"},"depends_on":["root"]}`, i)
+		nodes += fmt.Sprintf(`,{"id":"t%d","type":"noop","depends_on":["root"]}`, i)
 	}
 	return `{"nodes":[` + nodes + `]}`
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -395,29 +396,35 @@ type Report struct {
 type EagerOffer struct {
 	Queue     string
 	NodeTypes []string
-	TTL       time.Duration
+	// Handlers are the task handlers the worker runs: a task node is
+	// offered only to a worker that registered its handler.
+	Handlers []string
+	TTL      time.Duration
 }
 
 func (o *EagerOffer) check(owner string) error {
 	if o == nil {
 		return nil
 	}
-	if o.Queue == "" || len(o.NodeTypes) == 0 || len(o.NodeTypes) > 64 {
-		return errs.E(errs.Invalid, "an eager offer names its queue and 1-64 node types")
+	if o.Queue == "" || len(o.NodeTypes) == 0 || len(o.NodeTypes) > 64 || len(o.Handlers) > MaxWorkerHandlers {
+		return errs.E(errs.Invalid, "an eager offer names its queue, 1-64 node types and at most %d handlers", MaxWorkerHandlers)
 	}
 	return checkLease(owner, o.TTL, 1)
 }
 
-func (o *EagerOffer) accepts(queue, nodeType string) bool {
-	if o == nil || queue != o.Queue {
+// MaxWorkerHandlers bounds the handlers one worker may serve.
+const MaxWorkerHandlers = 200
+
+// accepts reports whether the offer covers node n: its queue, its type
+// and, for a task node, its handler.
+func (o *EagerOffer) accepts(n *dag.Node) bool {
+	if o == nil || n.QueueName() != o.Queue || !slices.Contains(o.NodeTypes, string(n.Type)) {
 		return false
 	}
-	for _, t := range o.NodeTypes {
-		if t == nodeType {
-			return true
-		}
+	if h := n.HandlerName(); h != "" || n.Type == dag.TypeTask {
+		return h != "" && slices.Contains(o.Handlers, h)
 	}
-	return false
+	return true
 }
 
 // CompleteTask applies a successful result.

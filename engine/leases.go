@@ -119,17 +119,11 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
 			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`,
 			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
-			l := Lease{TaskID: r.TaskID}
-			var input, config []byte
-			_, err := pgx.ForEachRow(rows, []any{&l.ExpiresAt, &l.NodeID, &l.NodeType, &input, &config, &l.MaxAttempts, &l.WorkflowID, &l.WorkflowVersion},
-				func() error {
-					l.Acquired, l.Input, l.Config = true, append(json.RawMessage(nil), input...), append(json.RawMessage(nil), config...)
-					if first := idx[r.TaskID][0]; first == i {
-						out[i] = l // a duplicate request in the batch gets no second lease
-					}
-					return nil
-				})
-			return err
+			if first := idx[r.TaskID][0]; first != i {
+				var ignored Lease // a duplicate request in the batch gets no second lease
+				return scanLease(rows, r.TaskID, &ignored)
+			}
+			return scanLease(rows, r.TaskID, &out[i])
 		})
 	}
 	var err error
@@ -183,6 +177,119 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		return nil, Quota{}, err
 	}
 	return out, q, nil
+}
+
+// RunningLimit is the tenant's running-task limit (0: none), as the lease
+// path enforces it (cached for a few seconds).
+func (c *Coordinator) RunningLimit(ctx context.Context, tenant uuid.UUID) (int, error) {
+	if c.opts.Slots == nil {
+		return 0, nil
+	}
+	return c.limits.get(ctx, tenant)
+}
+
+// ReacquireLeases hands owner back leases it already holds — live, on the
+// named attempts — with their input and settings, extended by ttl: a poll
+// answer that never arrived is recovered by the repeated poll, so its tasks
+// run now instead of waiting out their leases. A lease that is gone (run
+// cancelled, expired and swept) is not acquired.
+func (c *Coordinator) ReacquireLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Lease, error) {
+	if err := checkLease(owner, ttl, len(reqs)); err != nil {
+		return nil, err
+	}
+	out := make([]Lease, len(reqs))
+	b := &pgx.Batch{}
+	for i, r := range reqs {
+		out[i] = Lease{TaskID: r.TaskID}
+		b.Queue(`UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+			  FROM workflow_runs r
+			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'running'
+			   AND t.lease_owner = $5 AND t.lease_expires_at > now()
+			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`,
+			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+			return scanLease(rows, r.TaskID, &out[i])
+		})
+	}
+	if err := c.db.Pipeline(ctx, tenant, b); err != nil {
+		return nil, fmt.Errorf("reacquire leases: %w", err)
+	}
+	if c.opts.Slots != nil {
+		var held []string
+		for i, r := range reqs {
+			if out[i].Acquired {
+				held = append(held, tenants.SlotMember(r.TaskID, r.Attempt, owner))
+			}
+		}
+		if err := c.opts.Slots.Renew(ctx, tenant, ttl, held); err != nil {
+			c.log.Warn("renewing quota permits failed", zap.Error(err))
+		}
+	}
+	return out, nil
+}
+
+// scanLease reads the RETURNING row of a lease statement, if any, into l.
+func scanLease(rows pgx.Rows, task uuid.UUID, l *Lease) error {
+	var input, config []byte
+	got := Lease{TaskID: task}
+	_, err := pgx.ForEachRow(rows, []any{&got.ExpiresAt, &got.NodeID, &got.NodeType, &input, &config, &got.MaxAttempts, &got.WorkflowID, &got.WorkflowVersion},
+		func() error {
+			got.Acquired, got.Input, got.Config = true, append(json.RawMessage(nil), input...), append(json.RawMessage(nil), config...)
+			*l = got
+			return nil
+		})
+	return err
+}
+
+// ReleaseLeases gives back leases owner was granted but never received (a
+// poll whose caller went away before the answer was written): each task is
+// pending again on the same attempt, and its quota permit is returned. The
+// caller re-queues the tasks' messages. Fenced like a report: only owner's
+// live lease on that attempt is released.
+func (c *Coordinator) ReleaseLeases(ctx context.Context, tenant uuid.UUID, owner string, reqs []LeaseRequest) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	for _, r := range reqs {
+		b.Queue(`UPDATE task_instances SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = now()
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5`,
+			tenant, r.RunID, r.TaskID, r.Attempt, owner)
+	}
+	if err := c.db.Pipeline(ctx, tenant, b); err != nil {
+		return fmt.Errorf("release leases: %w", err)
+	}
+	if c.opts.Slots != nil {
+		members := make([]string, len(reqs))
+		for i, r := range reqs {
+			members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
+		}
+		if err := c.opts.Slots.Release(ctx, tenant, members); err != nil {
+			c.log.Warn("giving back quota permits failed; they lapse with the lease TTL", zap.Error(err))
+		}
+	}
+	return nil
+}
+
+// ExpireLeasesOf ends, now, every live lease the named workers of the
+// tenant hold (their credential was revoked: nothing they report can be
+// accepted any more), so the sweep gives their tasks to other workers at
+// its next pass instead of after the lease TTL.
+func (c *Coordinator) ExpireLeasesOf(ctx context.Context, tenant uuid.UUID, owners []string) (int64, error) {
+	if len(owners) == 0 {
+		return 0, nil
+	}
+	var n int64
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
+			 WHERE tenant_id = $1 AND state = 'running' AND lease_owner = ANY($2) AND lease_expires_at > now()`, tenant, owners)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("expire leases: %w", err)
+	}
+	return n, nil
 }
 
 // Quota is a tenant's running-task quota as a lease call left it: Limit 0

@@ -298,7 +298,7 @@ func (p *persister) eagerCandidate(tr sm.Transition, ref eventRef) string {
 			}
 		case sm.Dispatch:
 			n := p.def.wf.Node(a.NodeID)
-			if created[a.NodeID] && a.Attempt == 1 && !a.NotBefore.After(p.now) && ref.eager.accepts(n.QueueName(), string(n.Type)) {
+			if created[a.NodeID] && a.Attempt == 1 && !a.NotBefore.After(p.now) && ref.eager.accepts(n) {
 				return a.NodeID
 			}
 		}
@@ -310,19 +310,20 @@ func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 	n := p.def.wf.Node(node)
 	t := p.task(node)
 	p.dispatched = true
-	const insert = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt, traceparent, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9)`
+	handler := n.HandlerName()
+	const insert = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''), $10)`
 	if p.c.opts.PublishNow == nil || notBefore.After(p.now) {
-		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), attempt, p.traceparent, notBefore)
+		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent, notBefore)
 		return
 	}
 	// The fast path: published by this process after commit; due for
 	// everyone else only if that never happens.
 	f := outbox.Fresh{Tenant: p.tx.Tenant, Queue: n.QueueName(), Run: p.runID, Task: t.id, Node: node, Type: string(n.Type),
-		Attempt: attempt, TraceParent: p.traceparent}
+		Handler: handler, Attempt: attempt, TraceParent: p.traceparent}
 	i := len(p.fresh)
 	p.fresh = append(p.fresh, f)
-	p.b.Queue(insert+` RETURNING id`, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), attempt, p.traceparent,
+	p.b.Queue(insert+` RETURNING id`, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent,
 		notBefore.Add(outbox.FastPathGrace)).QueryRow(func(r pgx.Row) error { return r.Scan(&p.fresh[i].ID) })
 }
 

@@ -33,11 +33,13 @@ type RunView struct {
 
 // TaskView is one node's task.
 type TaskView struct {
-	ID          uuid.UUID       `json:"id"`
-	RunID       uuid.UUID       `json:"run_id"`
-	NodeID      string          `json:"node_id"`
-	NodeType    string          `json:"node_type"`
-	Queue       *string         `json:"queue,omitempty"`
+	ID       uuid.UUID `json:"id"`
+	RunID    uuid.UUID `json:"run_id"`
+	NodeID   string    `json:"node_id"`
+	NodeType string    `json:"node_type"`
+	Queue    *string   `json:"queue,omitempty"`
+	// Handler is a task node's handler.
+	Handler     *string         `json:"handler,omitempty"`
 	State       string          `json:"state"`
 	Attempt     int             `json:"attempt"`
 	MaxAttempts int             `json:"max_attempts"`
@@ -71,7 +73,8 @@ func GetRun(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (RunView, error) 
 	return r, nil
 }
 
-const taskColumns = `id, run_id, node_id, node_type, queue, state, attempt, max_attempts, input, output, last_error, skip_reason, created_at, started_at, finished_at`
+const taskColumns = `id, run_id, node_id, node_type, queue, config->'task'->>'handler', state, attempt, max_attempts, input, output, last_error,
+	skip_reason, created_at, started_at, finished_at`
 
 // TasksOfRuns reads the tasks of the given runs, in creation order.
 func TasksOfRuns(ctx context.Context, tx *tenants.Tx, runs []uuid.UUID) ([]TaskView, error) {
@@ -81,7 +84,7 @@ func TasksOfRuns(ctx context.Context, tx *tenants.Tx, runs []uuid.UUID) ([]TaskV
 	}
 	var out []TaskView
 	var t TaskView
-	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.RunID, &t.NodeID, &t.NodeType, &t.Queue, &t.State, &t.Attempt, &t.MaxAttempts,
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.RunID, &t.NodeID, &t.NodeType, &t.Queue, &t.Handler, &t.State, &t.Attempt, &t.MaxAttempts,
 		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt}, func() error {
 		c := t
 		out = append(out, c)

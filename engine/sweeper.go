@@ -149,10 +149,11 @@ func (s *Sweeper) requeueExpired(ctx context.Context) (int64, error) {
 			            WHERE state = 'running' AND lease_expires_at < now() AND attempt < max_attempts
 			            LIMIT $1 FOR UPDATE SKIP LOCKED)
 			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
-			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.attempt, r.traceparent
+			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
+			          t.attempt, r.traceparent
 		), dispatched AS (
-			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt, traceparent)
-			SELECT tenant_id, queue, run_id, id, node_id, node_type, attempt, traceparent FROM expired
+			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent)
+			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent FROM expired
 		), timeline AS (
 			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
 			SELECT tenant_id, run_id, 'lease_expired', node_id, id, attempt - 1,
@@ -220,10 +221,11 @@ func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
 			              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.task_id = p.id)
 			            LIMIT $1 FOR UPDATE SKIP LOCKED)
 			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
-			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.attempt, r.traceparent
+			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
+			          t.attempt, r.traceparent
 		), dispatched AS (
-			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt, traceparent)
-			SELECT tenant_id, queue, run_id, id, node_id, node_type, attempt, traceparent FROM lost
+			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent)
+			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent FROM lost
 		), timeline AS (
 			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
 			SELECT tenant_id, run_id, 'redispatched', node_id, id, attempt,

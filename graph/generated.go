@@ -18,6 +18,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/introspection"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
@@ -47,6 +48,7 @@ type ResolverRoot interface {
 	TenantUsage() TenantUsageResolver
 	Viewer() ViewerResolver
 	WebhookDelivery() WebhookDeliveryResolver
+	Worker() WorkerResolver
 	Workflow() WorkflowResolver
 }
 
@@ -152,6 +154,7 @@ type ComplexityRoot struct {
 		WebhookDelivery   func(childComplexity int, id uuid.UUID) int
 		WebhookEndpoint   func(childComplexity int, id uuid.UUID) int
 		WebhookEndpoints  func(childComplexity int) int
+		Workers           func(childComplexity int) int
 		Workflow          func(childComplexity int, id uuid.UUID) int
 		Workflows         func(childComplexity int, first *int, after *string) int
 	}
@@ -218,6 +221,7 @@ type ComplexityRoot struct {
 		Attempt     func(childComplexity int) int
 		CreatedAt   func(childComplexity int) int
 		FinishedAt  func(childComplexity int) int
+		Handler     func(childComplexity int) int
 		ID          func(childComplexity int) int
 		Input       func(childComplexity int) int
 		LastError   func(childComplexity int) int
@@ -329,6 +333,19 @@ type ComplexityRoot struct {
 		ID        func(childComplexity int) int
 	}
 
+	Worker struct {
+		APIKeyID    func(childComplexity int) int
+		ConnectedAt func(childComplexity int) int
+		Handlers    func(childComplexity int) int
+		ID          func(childComplexity int) int
+		InFlight    func(childComplexity int) int
+		Label       func(childComplexity int) int
+		LastSeenAt  func(childComplexity int) int
+		Queues      func(childComplexity int) int
+		Slots       func(childComplexity int) int
+		Version     func(childComplexity int) int
+	}
+
 	Workflow struct {
 		CreatedAt     func(childComplexity int) int
 		Description   func(childComplexity int) int
@@ -396,6 +413,7 @@ type QueryResolver interface {
 	Run(ctx context.Context, id uuid.UUID) (*engine.RunView, error)
 	APIKeys(ctx context.Context) ([]auth.Key, error)
 	Members(ctx context.Context) ([]auth.Member, error)
+	Workers(ctx context.Context) ([]taskpoll.Worker, error)
 	InvoicePreview(ctx context.Context, period *string) (*model.Invoice, error)
 	WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoint, error)
 	WebhookEndpoint(ctx context.Context, id uuid.UUID) (*webhooks.Endpoint, error)
@@ -434,6 +452,11 @@ type ViewerResolver interface {
 }
 type WebhookDeliveryResolver interface {
 	State(ctx context.Context, obj *webhooks.Delivery) (model.WebhookDeliveryState, error)
+}
+type WorkerResolver interface {
+	Slots(ctx context.Context, obj *taskpoll.Worker) (int, error)
+
+	APIKeyID(ctx context.Context, obj *taskpoll.Worker) (*string, error)
 }
 type WorkflowResolver interface {
 	Versions(ctx context.Context, obj *engine.Workflow) ([]engine.Version, error)
@@ -1013,6 +1036,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.WebhookEndpoints(childComplexity), true
+	case "Query.workers":
+		if e.ComplexityRoot.Query.Workers == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Query.Workers(childComplexity), true
 	case "Query.workflow":
 		if e.ComplexityRoot.Query.Workflow == nil {
 			break
@@ -1276,6 +1305,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Task.FinishedAt(childComplexity), true
+	case "Task.handler":
+		if e.ComplexityRoot.Task.Handler == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.Handler(childComplexity), true
 	case "Task.id":
 		if e.ComplexityRoot.Task.ID == nil {
 			break
@@ -1748,6 +1783,67 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.WebhookSecretInfo.ID(childComplexity), true
+
+	case "Worker.apiKeyId":
+		if e.ComplexityRoot.Worker.APIKeyID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.APIKeyID(childComplexity), true
+	case "Worker.connectedAt":
+		if e.ComplexityRoot.Worker.ConnectedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.ConnectedAt(childComplexity), true
+	case "Worker.handlers":
+		if e.ComplexityRoot.Worker.Handlers == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.Handlers(childComplexity), true
+	case "Worker.id":
+		if e.ComplexityRoot.Worker.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.ID(childComplexity), true
+	case "Worker.inFlight":
+		if e.ComplexityRoot.Worker.InFlight == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.InFlight(childComplexity), true
+	case "Worker.label":
+		if e.ComplexityRoot.Worker.Label == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.Label(childComplexity), true
+	case "Worker.lastSeenAt":
+		if e.ComplexityRoot.Worker.LastSeenAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.LastSeenAt(childComplexity), true
+	case "Worker.queues":
+		if e.ComplexityRoot.Worker.Queues == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.Queues(childComplexity), true
+	case "Worker.slots":
+		if e.ComplexityRoot.Worker.Slots == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.Slots(childComplexity), true
+	case "Worker.version":
+		if e.ComplexityRoot.Worker.Version == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Worker.Version(childComplexity), true
 
 	case "Workflow.createdAt":
 		if e.ComplexityRoot.Workflow.CreatedAt == nil {
@@ -2227,6 +2323,8 @@ func (ec *executionContext) childFields_Task(ctx context.Context, field graphql.
 		return ec.fieldContext_Task_nodeType(ctx, field)
 	case "queue":
 		return ec.fieldContext_Task_queue(ctx, field)
+	case "handler":
+		return ec.fieldContext_Task_handler(ctx, field)
 	case "state":
 		return ec.fieldContext_Task_state(ctx, field)
 	case "attempt":
@@ -2445,6 +2543,32 @@ func (ec *executionContext) childFields_WebhookSecretInfo(ctx context.Context, f
 		return ec.fieldContext_WebhookSecretInfo_expiresAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type WebhookSecretInfo", field.Name)
+}
+
+func (ec *executionContext) childFields_Worker(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Worker_id(ctx, field)
+	case "label":
+		return ec.fieldContext_Worker_label(ctx, field)
+	case "version":
+		return ec.fieldContext_Worker_version(ctx, field)
+	case "queues":
+		return ec.fieldContext_Worker_queues(ctx, field)
+	case "handlers":
+		return ec.fieldContext_Worker_handlers(ctx, field)
+	case "slots":
+		return ec.fieldContext_Worker_slots(ctx, field)
+	case "inFlight":
+		return ec.fieldContext_Worker_inFlight(ctx, field)
+	case "apiKeyId":
+		return ec.fieldContext_Worker_apiKeyId(ctx, field)
+	case "connectedAt":
+		return ec.fieldContext_Worker_connectedAt(ctx, field)
+	case "lastSeenAt":
+		return ec.fieldContext_Worker_lastSeenAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Worker", field.Name)
 }
 
 func (ec *executionContext) childFields_Workflow(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -5413,6 +5537,38 @@ func (ec *executionContext) fieldContext_Query_members(_ context.Context, field 
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_workers(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_workers(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Query().Workers(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []taskpoll.Worker) graphql.Marshaler {
+			return ec.marshalNWorker2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚋtaskpollᚐWorkerᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_workers(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Worker(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_invoicePreview(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -6691,6 +6847,29 @@ func (ec *executionContext) _Task_queue(ctx context.Context, field graphql.Colle
 	)
 }
 func (ec *executionContext) fieldContext_Task_queue(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_handler(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_handler(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Handler, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_handler(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
 }
 
@@ -8519,6 +8698,236 @@ func (ec *executionContext) _WebhookSecretInfo_expiresAt(ctx context.Context, fi
 }
 func (ec *executionContext) fieldContext_WebhookSecretInfo_expiresAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("WebhookSecretInfo", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Worker_id(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Worker_label(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_label(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Label, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_label(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "String")
+}
+
+func (ec *executionContext) _Worker_version(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_version(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Version, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_version(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "String")
+}
+
+func (ec *executionContext) _Worker_queues(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_queues(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Queues, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_queues(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "String")
+}
+
+func (ec *executionContext) _Worker_handlers(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_handlers(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Handlers, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_handlers(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "String")
+}
+
+func (ec *executionContext) _Worker_slots(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_slots(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Worker().Slots(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_slots(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, true, true, "Int")
+}
+
+func (ec *executionContext) _Worker_inFlight(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_inFlight(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InFlight, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_inFlight(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Worker_apiKeyId(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_apiKeyId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Worker().APIKeyID(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_apiKeyId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, true, true, "String")
+}
+
+func (ec *executionContext) _Worker_connectedAt(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_connectedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ConnectedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_connectedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Worker_lastSeenAt(ctx context.Context, field graphql.CollectedField, obj *taskpoll.Worker) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Worker_lastSeenAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastSeenAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Worker_lastSeenAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Worker", field, false, false, "Time")
 }
 
 func (ec *executionContext) _Workflow_id(ctx context.Context, field graphql.CollectedField, obj *engine.Workflow) (ret graphql.Marshaler) {
@@ -11064,6 +11473,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_members(ctx, field)
 				})
+		case "workers":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_workers(ctx, field)
+				})
 		case "invoicePreview":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
@@ -11535,6 +11950,11 @@ func (ec *executionContext) _Task(ctx context.Context, sel ast.SelectionSet, obj
 			}
 		case "queue":
 			out.Values[i] = ec._Task_queue(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "handler":
+			out.Values[i] = ec._Task_handler(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
@@ -12247,6 +12667,86 @@ func (ec *executionContext) _WebhookSecretInfo(ctx context.Context, sel ast.Sele
 	return out
 }
 
+var workerImplementors = []string{"Worker"}
+
+func (ec *executionContext) _Worker(ctx context.Context, sel ast.SelectionSet, obj *taskpoll.Worker) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, workerImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Worker")
+		case "id":
+			out.Values[i] = ec._Worker_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "label":
+			out.Values[i] = ec._Worker_label(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "version":
+			out.Values[i] = ec._Worker_version(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "queues":
+			out.Values[i] = ec._Worker_queues(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "handlers":
+			out.Values[i] = ec._Worker_handlers(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "slots":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Worker_slots(ctx, field, obj)
+				})
+		case "inFlight":
+			out.Values[i] = ec._Worker_inFlight(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "apiKeyId":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Worker_apiKeyId(ctx, field, obj)
+				})
+		case "connectedAt":
+			out.Values[i] = ec._Worker_connectedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastSeenAt":
+			out.Values[i] = ec._Worker_lastSeenAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var workflowImplementors = []string{"Workflow"}
 
 func (ec *executionContext) _Workflow(ctx context.Context, sel ast.SelectionSet, obj *engine.Workflow) graphql.Marshaler {
@@ -12918,6 +13418,20 @@ func (ec *executionContext) marshalNID2int64(ctx context.Context, sel ast.Select
 	return res
 }
 
+func (ec *executionContext) unmarshalNID2string(ctx context.Context, v any) (string, error) {
+	res, err := graphql.UnmarshalID(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNID2string(ctx context.Context, sel ast.SelectionSet, v string) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalID(v)
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "ID!")
+	}
+	return res
+}
+
 func (ec *executionContext) unmarshalNInt2int(ctx context.Context, v any) (int, error) {
 	res, err := graphql.UnmarshalInt(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -13416,6 +13930,26 @@ func (ec *executionContext) marshalNWebhookSecretInfo2ᚕgithubᚗcomᚋcomposer
 		fc := graphql.GetFieldContext(ctx)
 		fc.Result = &v[i]
 		return ec.marshalNWebhookSecretInfo2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋwebhooksᚐSecretInfo(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNWorker2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚋtaskpollᚐWorker(ctx context.Context, sel ast.SelectionSet, v taskpoll.Worker) graphql.Marshaler {
+	return ec._Worker(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNWorker2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚋtaskpollᚐWorkerᚄ(ctx context.Context, sel ast.SelectionSet, v []taskpoll.Worker) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNWorker2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚋtaskpollᚐWorker(ctx, sel, v[i])
 	})
 
 	for _, e := range ret {

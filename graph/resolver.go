@@ -18,6 +18,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
@@ -33,7 +34,9 @@ type Resolver struct {
 	Limiter *tenants.RateLimiter
 	// Webhooks manages webhook endpoints and deliveries.
 	Webhooks webhooks.Service
-	Log      *zap.Logger
+	// Workers knows the tenants' connected workers (nil: none are listed).
+	Workers *taskpoll.Poller
+	Log     *zap.Logger
 }
 
 func principal(ctx context.Context) (auth.Principal, error) {

@@ -14,10 +14,12 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/google/uuid"
+	"go.uber.org/zap"
 )
 
 // Role is the resolver for the role field.
@@ -175,7 +177,11 @@ func (r *mutationResolver) CreateAPIKey(ctx context.Context, input model.CreateA
 // RevokeAPIKey is the resolver for the revokeApiKey field.
 func (r *mutationResolver) RevokeAPIKey(ctx context.Context, id uuid.UUID) (*auth.Key, error) {
 	var out auth.Key
-	err := r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
 		if err := (auth.Keys{Logger: r.Log}).Revoke(ctx, tx, id); err != nil {
 			return err
 		}
@@ -193,6 +199,13 @@ func (r *mutationResolver) RevokeAPIKey(ctx context.Context, id uuid.UUID) (*aut
 	})
 	if err != nil {
 		return nil, err
+	}
+	if r.Workers != nil {
+		// Its workers' reports can no longer be accepted: their tasks go to
+		// other workers now rather than when their leases expire.
+		if err := r.Resolver.Workers.KeyRevoked(ctx, p.TenantID, out.KeyID); err != nil {
+			r.Log.Warn("ending the leases of a revoked key's workers failed; they end with their TTL", zap.Error(err))
+		}
 	}
 	return &out, nil
 }
@@ -381,6 +394,15 @@ func (r *queryResolver) Members(ctx context.Context) ([]auth.Member, error) {
 	return out, err
 }
 
+// Workers is the resolver for the workers field.
+func (r *queryResolver) Workers(ctx context.Context) ([]taskpoll.Worker, error) {
+	p, err := r.authorize(ctx, auth.ActionRunsRead)
+	if err != nil || r.Resolver.Workers == nil {
+		return nil, err
+	}
+	return r.Resolver.Workers.Workers(ctx, p.TenantID)
+}
+
 // Workflow is the resolver for the workflow field.
 func (r *runResolver) Workflow(ctx context.Context, obj *engine.RunView) (*engine.Workflow, error) {
 	w, err := r.loaders(ctx).workflows.Load(ctx, obj.WorkflowID)
@@ -566,6 +588,19 @@ func (r *viewerResolver) Tenant(ctx context.Context, obj *model.Viewer) (*tenant
 	return r.tenant(ctx)
 }
 
+// Slots is the resolver for the slots field.
+func (r *workerResolver) Slots(ctx context.Context, obj *taskpoll.Worker) (int, error) {
+	return obj.Capacity, nil
+}
+
+// APIKeyID is the resolver for the apiKeyId field.
+func (r *workerResolver) APIKeyID(ctx context.Context, obj *taskpoll.Worker) (*string, error) {
+	if obj.KeyID == "" {
+		return nil, nil
+	}
+	return &obj.KeyID, nil
+}
+
 // Versions is the resolver for the versions field.
 func (r *workflowResolver) Versions(ctx context.Context, obj *engine.Workflow) ([]engine.Version, error) {
 	var out []engine.Version
@@ -624,6 +659,9 @@ func (r *Resolver) TenantUsage() TenantUsageResolver { return &tenantUsageResolv
 // Viewer returns ViewerResolver implementation.
 func (r *Resolver) Viewer() ViewerResolver { return &viewerResolver{r} }
 
+// Worker returns WorkerResolver implementation.
+func (r *Resolver) Worker() WorkerResolver { return &workerResolver{r} }
+
 // Workflow returns WorkflowResolver implementation.
 func (r *Resolver) Workflow() WorkflowResolver { return &workflowResolver{r} }
 
@@ -638,5 +676,6 @@ type (
 	tenantLimitsResolver struct{ *Resolver }
 	tenantUsageResolver  struct{ *Resolver }
 	viewerResolver       struct{ *Resolver }
+	workerResolver       struct{ *Resolver }
 	workflowResolver     struct{ *Resolver }
 )

@@ -11,10 +11,9 @@ import (
 	"time"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
-
-	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/google/uuid"
 )

@@ -39,6 +39,11 @@ func NewSlots(rdb redis.UniversalClient, ns string, onError func(error)) *Slots 
 
 func (s *Slots) key(tenant uuid.UUID) string { return s.ns + ":{" + tenant.String() + "}:running" }
 
+// Key is the Redis key of a tenant's permits (a sorted set of members
+// scored by expiry in milliseconds on Redis's clock), for scripts that
+// read it alongside the tenant's other keys.
+func (s *Slots) Key(tenant uuid.UUID) string { return s.key(tenant) }
+
 // SlotMember names one lease's permit.
 func SlotMember(task uuid.UUID, attempt int, owner string) string {
 	return fmt.Sprintf("%s:%d:%s", task, attempt, owner)

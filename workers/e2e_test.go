@@ -145,14 +145,13 @@ func (a *interceptAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) 
 func TestZombieWorkerIsFencedOut(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
-	wf := sys.Workflow(`{"nodes":[{"id":"work","type":"task","task":{"handler":"work"},"retry":{"max_attempts":3}}]}`)
+	wf := sys.Workflow(`{"nodes":[{"id":"work","type":"noop","retry":{"max_attempts":3}}]}`)
 
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	free := func() { releaseOnce.Do(func() { close(release) }) }
 	started := make(chan struct{}, 1)
-	zombie := &workers.Handlers{}
-	zombie.Register("work", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+	zombie := workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
 		started <- struct{}{}
 		<-release // the pause: it ignores its context, like a frozen process
 		return json.RawMessage(`{"by": "zombie"}`), nil
@@ -160,16 +159,15 @@ func TestZombieWorkerIsFencedOut(t *testing.T) {
 	api := &interceptAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken), completes: make(chan taskapi.ReportResponse, 1)}
 	api.failRenew.Store(true)
 	// One slot: the frozen attempt holds it, so the zombie takes nothing else.
-	sys.StartWorker(apptest.WorkerOptions{Handlers: zombie, API: api, Config: func(c *workers.Config) { c.Concurrency = 1 }})
+	sys.StartWorker(apptest.WorkerOptions{Noop: zombie, API: api, Config: func(c *workers.Config) { c.Concurrency = 1 }})
 	t.Cleanup(free) // runs before the worker's stop, which waits for the handler
 
 	run := sys.StartRun(wf, `{}`)
 	<-started
-	healthy := &workers.Handlers{}
-	healthy.Register("work", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+	healthy := workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
 		return json.RawMessage(fmt.Sprintf(`{"by": "healthy", "attempt": %d}`, t.Attempt)), nil
 	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: healthy})
+	sys.StartWorker(apptest.WorkerOptions{Noop: healthy})
 	got, tasks := sys.WaitRun(run, 20*time.Second)
 	require.Equal(t, "completed", got.Status)
 	assert.Equal(t, 2, tasks["work"].Attempt)
@@ -191,13 +189,12 @@ func TestDuplicateMessageExecutesOnce(t *testing.T) {
 	sys := apptest.Start(t)
 	ctx := context.Background()
 	var runs atomic.Int32
-	h := &workers.Handlers{}
-	h.Register("count", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+	h := workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
 		runs.Add(1)
 		time.Sleep(50 * time.Millisecond)
 		return json.RawMessage(`{}`), nil
 	})
-	wf := sys.Workflow(`{"nodes":[{"id":"once","type":"task","task":{"handler":"count"}}]}`)
+	wf := sys.Workflow(`{"nodes":[{"id":"once","type":"noop"}]}`)
 	run := sys.StartRun(wf, `{}`)
 
 	// Wait for the enqueuer to publish, then publish a copy of the message.
@@ -216,7 +213,7 @@ func TestDuplicateMessageExecutesOnce(t *testing.T) {
 	require.NoError(t, sys.Deps.Redis.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: msg.Values}).Err())
 
 	for i := 0; i < 2; i++ {
-		sys.StartWorker(apptest.WorkerOptions{Handlers: h, Config: func(c *workers.Config) { c.Concurrency = 1 }})
+		sys.StartWorker(apptest.WorkerOptions{Noop: h, Config: func(c *workers.Config) { c.Concurrency = 1 }})
 	}
 	got, _ := sys.WaitRun(run, 20*time.Second)
 	require.Equal(t, "completed", got.Status)
@@ -335,17 +332,16 @@ func TestShutdownDeadlineReportsWhatItCancels(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	started := make(chan struct{}, 1)
-	h := &workers.Handlers{}
-	h.Register("stuck", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+	h := workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
 		started <- struct{}{}
 		<-ctx.Done()
 		return nil, ctx.Err()
 	})
-	_, stop := sys.StartWorker(apptest.WorkerOptions{Handlers: h, Config: func(c *workers.Config) {
+	_, stop := sys.StartWorker(apptest.WorkerOptions{Noop: h, Config: func(c *workers.Config) {
 		c.ShutdownTimeout = 200 * time.Millisecond
 		c.LeaseTTL = time.Minute // the lease would outlast the test: only the report can requeue it
 	}})
-	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"s","type":"task","task":{"handler":"stuck"},"retry":{"max_attempts":3}}]}`), `{}`)
+	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"s","type":"noop","retry":{"max_attempts":3}}]}`), `{}`)
 	<-started
 	stop()
 	got, tasks := sys.Run(run)
@@ -359,14 +355,13 @@ func TestGracefulShutdownFinishesRunningTasks(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	started := make(chan struct{}, 1)
-	h := &workers.Handlers{}
-	h.Register("slow", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+	h := workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
 		started <- struct{}{}
 		time.Sleep(300 * time.Millisecond)
 		return json.RawMessage(`{"finished": true}`), nil
 	})
-	_, stop := sys.StartWorker(apptest.WorkerOptions{Handlers: h})
-	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"s","type":"task","task":{"handler":"slow"}}]}`), `{}`)
+	_, stop := sys.StartWorker(apptest.WorkerOptions{Noop: h})
+	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"s","type":"noop"}]}`), `{}`)
 	<-started
 	stop() // returns only after the worker has exited
 	got, tasks := sys.Run(run)
@@ -381,15 +376,14 @@ func TestLeaseLostCancelsTheExecution(t *testing.T) {
 	sys := apptest.Start(t)
 	started := make(chan struct{}, 1)
 	cause := make(chan error, 1)
-	h := &workers.Handlers{}
-	h.Register("long", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+	h := workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
 		started <- struct{}{}
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
 		return nil, ctx.Err()
 	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h})
-	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"l","type":"task","task":{"handler":"long"}}]}`), `{}`)
+	sys.StartWorker(apptest.WorkerOptions{Noop: h})
+	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"l","type":"noop"}]}`), `{}`)
 	<-started
 	_, err := sys.Coordinator().CancelRun(context.Background(), sys.Tenant, run, "stop")
 	require.NoError(t, err)

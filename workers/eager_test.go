@@ -19,12 +19,12 @@ import (
 	"github.com/composer-dev/composer/workers"
 )
 
-// chainDef is a chain of n task steps on queue, each adding one to its
-// input, each allowed attempts attempts.
+// chainDef is a chain of n steps on queue, each adding one to its input
+// (incExec runs them), each allowed attempts attempts.
 func chainDef(n int, queue string, attempts int) string {
-	def := fmt.Sprintf(`{"nodes":[{"id":"s0","type":"task","task":{"handler":"inc"},"queue":%q,"retry":{"max_attempts":%d}}`, queue, attempts)
+	def := fmt.Sprintf(`{"nodes":[{"id":"s0","type":"noop","queue":%q,"retry":{"max_attempts":%d}}`, queue, attempts)
 	for i := 1; i < n; i++ {
-		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"inc"},"queue":%q,"retry":{"max_attempts":%d},"depends_on":["s%d"],"input":{"n":"nodes.s%d.output.n"}}`,
+		def += fmt.Sprintf(`,{"id":"s%d","type":"noop","queue":%q,"retry":{"max_attempts":%d},"depends_on":["s%d"],"input":{"n":"nodes.s%d.output.n"}}`,
 			i, queue, attempts, i-1, i-1)
 	}
 	return def + `]}`
@@ -33,18 +33,25 @@ func chainDef(n int, queue string, attempts int) string {
 // longWindow lets a slot keep a chain for the whole test.
 func longWindow(c *workers.Config) { c.EagerWindow = time.Hour }
 
-func incHandlers(calls *sync.Map) *workers.Handlers {
-	h := &workers.Handlers{}
-	h.Register("inc", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
-		var in struct{ N int }
+// incExec runs the steps of these tests (noop nodes): it adds one to the
+// input's n, after 10 ms when the input says slow, counting executions
+// per run, node and attempt in calls.
+func incExec(calls *sync.Map) workers.Executor {
+	return workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+		var in struct {
+			N    int
+			Slow bool
+		}
 		_ = json.Unmarshal(t.Input, &in)
 		if calls != nil {
 			n, _ := calls.LoadOrStore(fmt.Sprintf("%s/%s/%d", t.Run, t.NodeID, t.Attempt), new(atomic.Int32))
 			n.(*atomic.Int32).Add(1)
 		}
+		if in.Slow {
+			time.Sleep(10 * time.Millisecond)
+		}
 		return json.RawMessage(fmt.Sprintf(`{"n":%d}`, in.N+1)), nil
 	})
-	return h
 }
 
 // TestChainStepsGoEagerlyToTheReportingWorker: with one tenant on the
@@ -59,7 +66,7 @@ func TestChainStepsGoEagerlyToTheReportingWorker(t *testing.T) {
 			t.Parallel()
 			sys := apptest.Start(t)
 			var calls sync.Map
-			w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(&calls), Config: func(c *workers.Config) {
+			w, _ := sys.StartWorker(apptest.WorkerOptions{Noop: incExec(&calls), Config: func(c *workers.Config) {
 				longWindow(c)
 				c.NoEager = !eager
 			}})
@@ -113,7 +120,7 @@ func TestLostEagerAnswerIsRecoveredByTheRepeatedReport(t *testing.T) {
 	sys := apptest.Start(t)
 	api := &lossyAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
 	var calls sync.Map
-	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(&calls), API: api, Config: longWindow})
+	w, _ := sys.StartWorker(apptest.WorkerOptions{Noop: incExec(&calls), API: api, Config: longWindow})
 	run, tasks := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(3, "default", 1)), `{}`), 30*time.Second)
 	require.Equal(t, "completed", run.Status)
 	assert.JSONEq(t, `{"s2":{"n":3}}`, string(run.Output))
@@ -149,7 +156,7 @@ func TestWorkerFallsBackWhenTheServerRefusesOffers(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	api := &oldServerAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
-	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(nil), API: api, Config: longWindow})
+	w, _ := sys.StartWorker(apptest.WorkerOptions{Noop: incExec(nil), API: api, Config: longWindow})
 	wf := sys.Workflow(chainDef(5, "default", 1))
 	for range 3 {
 		run, _ := sys.WaitRun(sys.StartRun(wf, `{}`), 30*time.Second)
@@ -167,7 +174,7 @@ func TestOtherBadRequestsDoNotTurnOffersOff(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	api := &badOutputAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken)}
-	w, _ := sys.StartWorker(apptest.WorkerOptions{Handlers: incHandlers(nil), API: api, Config: longWindow})
+	w, _ := sys.StartWorker(apptest.WorkerOptions{Noop: incExec(nil), API: api, Config: longWindow})
 	run, _ := sys.WaitRun(sys.StartRun(sys.Workflow(chainDef(4, "default", 3)), `{}`), 30*time.Second)
 	require.Equal(t, "completed", run.Status)
 	assert.EqualValues(t, 1, api.calls.Load()-api.passed.Load(), "the refused report was not resent")
@@ -196,17 +203,12 @@ func (a *badOutputAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) 
 func TestEagerChainDoesNotStarveAnotherQueue(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
-	h := incHandlers(nil)
-	h.Register("slow", func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
-		time.Sleep(10 * time.Millisecond)
-		return json.RawMessage(`{"n":1}`), nil
-	})
-	sys.StartWorker(apptest.WorkerOptions{Handlers: h, Config: func(c *workers.Config) {
+	sys.StartWorker(apptest.WorkerOptions{Noop: incExec(nil), Config: func(c *workers.Config) {
 		c.Queues, c.Concurrency = []string{"default", "other"}, 1
 	}})
-	def := `{"nodes":[{"id":"s0","type":"task","task":{"handler":"slow"}}`
+	def := `{"nodes":[{"id":"s0","type":"noop","input":{"slow":"true"}}`
 	for i := 1; i < 200; i++ {
-		def += fmt.Sprintf(`,{"id":"s%d","type":"task","task":{"handler":"slow"},"depends_on":["s%d"]}`, i, i-1)
+		def += fmt.Sprintf(`,{"id":"s%d","type":"noop","input":{"slow":"true"},"depends_on":["s%d"]}`, i, i-1)
 	}
 	chain := sys.StartRun(sys.Workflow(def+`]}`), `{}`)
 	apptest.Eventually(t, "the chain to be under way", 20*time.Second, func() bool {

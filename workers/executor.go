@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -72,38 +71,3 @@ func asFailure(err error) *Failure {
 
 // Noop completes at once with an empty output (benchmarks, tests).
 var Noop = ExecutorFunc(func(context.Context, Task) (json.RawMessage, error) { return json.RawMessage(`{}`), nil })
-
-// HandlerFunc is user code for a task node.
-type HandlerFunc func(ctx context.Context, t Task) (json.RawMessage, error)
-
-// Handlers runs task nodes by the handler name in their definition. It is
-// safe for concurrent use.
-type Handlers struct {
-	mu sync.RWMutex
-	m  map[string]HandlerFunc
-}
-
-// Register adds (or replaces) a handler.
-func (h *Handlers) Register(name string, fn HandlerFunc) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil {
-		h.m = map[string]HandlerFunc{}
-	}
-	h.m[name] = fn
-}
-
-// Execute runs the handler the task names.
-func (h *Handlers) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
-	if t.Config.Task == nil {
-		return nil, Permanent("bad_config", "task node without a handler")
-	}
-	h.mu.RLock()
-	fn := h.m[t.Config.Task.Handler]
-	h.mu.RUnlock()
-	if fn == nil {
-		// Another worker may have it: let the retry policy try again.
-		return nil, Retryable("no_handler", "no handler %q is registered on this worker", t.Config.Task.Handler)
-	}
-	return fn(ctx, t)
-}

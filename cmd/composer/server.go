@@ -41,14 +41,14 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	env.cfg.WorkerQueues = splitList(*queues)
 	env.cfg.WorkerConcurrency = *concurrency
 	if env.cfg.WorkerToken == "" {
-		return fmt.Errorf("COMPOSER_WORKER_TOKEN must be set (a platform token, or a tenant API key with the worker scope)")
+		return fmt.Errorf("COMPOSER_WORKER_TOKEN must be set to the platform worker token")
 	}
 	d, err := app.Open(ctx, env.cfg, env.log, false)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	w, err := app.NewWorker(d, env.cfg.ServerURL, nil)
+	w, err := app.NewWorker(d, env.cfg.ServerURL)
 	if err != nil {
 		return err
 	}
@@ -109,7 +109,7 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	s.MountDev(tenant)
-	w, err := app.NewWorker(d, base, nil)
+	w, err := app.NewWorker(d, base)
 	if err != nil {
 		return err
 	}

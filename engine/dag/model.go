@@ -211,6 +211,14 @@ func (n *Node) QueueName() string {
 	return n.Queue
 }
 
+// HandlerName returns a task node's handler ("" for other node types).
+func (n *Node) HandlerName() string {
+	if n.Type != TypeTask || n.Task == nil {
+		return ""
+	}
+	return n.Task.Handler
+}
+
 // HasWaits reports whether any node waits for a signal (the coordinator
 // reads a run's pending signals only then).
 func (w *Workflow) HasWaits() bool {

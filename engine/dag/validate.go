@@ -19,6 +19,12 @@ var (
 	httpMethods   = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "OPTIONS": true}
 )
 
+// ValidQueue reports whether s is a valid queue name.
+func ValidQueue(s string) bool { return queuePattern.MatchString(s) }
+
+// ValidHandler reports whether s is a valid task handler name.
+func ValidHandler(s string) bool { return idPattern.MatchString(s) }
+
 type problems []Problem
 
 func (ps *problems) add(node, field, format string, args ...any) {

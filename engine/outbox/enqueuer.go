@@ -231,6 +231,7 @@ type row struct {
 	queue       string
 	run, task   uuid.UUID
 	node, typ   string
+	handler     string
 	attempt     int
 	traceparent string
 	attempts    int
@@ -243,7 +244,7 @@ func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 		claimed = 0
 		rows, err := tx.Query(ctx, `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
-				coalesce(attempt, 0), coalesce(traceparent, ''), attempts
+				coalesce(handler, ''), coalesce(attempt, 0), coalesce(traceparent, ''), attempts
 			  FROM outbox WHERE next_attempt_at <= now()
 			 ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED`, e.cfg.BatchSize)
 		if err != nil {
@@ -251,7 +252,7 @@ func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 		}
 		var batch []row
 		var r row
-		_, err = pgx.ForEachRow(rows, []any{&r.tenant, &r.id, &r.topic, &r.queue, &r.run, &r.task, &r.node, &r.typ, &r.attempt, &r.traceparent, &r.attempts},
+		_, err = pgx.ForEachRow(rows, []any{&r.tenant, &r.id, &r.topic, &r.queue, &r.run, &r.task, &r.node, &r.typ, &r.handler, &r.attempt, &r.traceparent, &r.attempts},
 			func() error { batch = append(batch, r); return nil })
 		if err != nil {
 			return fmt.Errorf("claim outbox rows: %w", err)
@@ -288,12 +289,20 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		queue  string
 	}
 	active := map[tq]bool{}
+	handlerWakes := map[string]bool{}
 	for i, r := range batch {
 		if r.topic != "task" {
 			failed[i] = fmt.Errorf("unknown outbox topic %q", r.topic)
 			continue
 		}
-		key := e.names.Stream(r.tenant, r.queue, stream.ShardFor(r.task, routes[r.tenant].Shards))
+		// Task nodes go to their handler's stream, which only the tenant's
+		// own workers are served from; everything else to the queue's shards.
+		var key string
+		if r.handler != "" {
+			key = e.names.HandlerStream(r.tenant, r.queue, r.handler)
+		} else {
+			key = e.names.Stream(r.tenant, r.queue, stream.ShardFor(r.task, routes[r.tenant].Shards))
+		}
 		if _, ok := e.groups.Load(key); !ok {
 			if err := stream.EnsureGroup(ctx, e.rdb, key); err != nil {
 				failed[i] = err
@@ -301,10 +310,17 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 			}
 			e.groups.Store(key, struct{}{})
 		}
-		msg := stream.Message{Tenant: r.tenant, Run: r.run, Task: r.task, Node: r.node, Type: r.typ, Queue: r.queue,
+		msg := stream.Message{Tenant: r.tenant, Run: r.run, Task: r.task, Node: r.node, Type: r.typ, Queue: r.queue, Handler: r.handler,
 			Attempt: r.attempt, TraceParent: r.traceparent, OutboxID: r.id, EnqueuedAt: now}
 		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: msg.Values(), MaxLen: e.cfg.MaxStreamLen, Approx: true})
-		active[tq{r.tenant, r.queue}] = true
+		if r.handler != "" {
+			handlerWakes[stream.HandlerRoute(r.tenant, r.queue, r.handler)] = true
+		} else {
+			active[tq{r.tenant, r.queue}] = true
+		}
+	}
+	for route := range handlerWakes {
+		pipe.Publish(ctx, e.names.HandlerWake(), route)
 	}
 	for k := range active {
 		member := stream.ActiveMember(k.tenant, routes[k.tenant].Shards, routes[k.tenant].Weight)
@@ -344,8 +360,8 @@ func (e *Enqueuer) settle(ctx context.Context, tx *tenants.Tx, batch []row, fail
 		}
 		if r.attempts+1 >= e.cfg.MaxAttempts {
 			b.Queue(`WITH gone AS (DELETE FROM outbox WHERE tenant_id = $1 AND id = $2 RETURNING *)
-				INSERT INTO outbox_dead_letters (tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, attempt, payload, attempts, last_error, created_at)
-				SELECT tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, attempt, payload, attempts + 1, $3, created_at FROM gone`,
+				INSERT INTO outbox_dead_letters (tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, handler, attempt, payload, attempts, last_error, created_at)
+				SELECT tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, handler, attempt, payload, attempts + 1, $3, created_at FROM gone`,
 				r.tenant, r.id, err.Error())
 			e.log.Error("outbox row dead-lettered", zap.Stringer("tenant_id", r.tenant), zap.Int64("outbox_id", r.id),
 				zap.Stringer("task_id", r.task), zap.Int("attempts", r.attempts+1), zap.Error(err))
@@ -429,6 +445,7 @@ type Fresh struct {
 	Queue       string
 	Run, Task   uuid.UUID
 	Node, Type  string
+	Handler     string
 	Attempt     int
 	TraceParent string
 }
@@ -446,7 +463,7 @@ func (e *Enqueuer) PublishNow(ctx context.Context, rows []Fresh) {
 	batch := make([]row, len(rows))
 	for i, f := range rows {
 		batch[i] = row{tenant: f.Tenant, id: f.ID, topic: "task", queue: f.Queue, run: f.Run, task: f.Task, node: f.Node,
-			typ: f.Type, attempt: f.Attempt, traceparent: f.TraceParent}
+			typ: f.Type, handler: f.Handler, attempt: f.Attempt, traceparent: f.TraceParent}
 	}
 	failed := e.publish(ctx, batch)
 	e.delMu.Lock()

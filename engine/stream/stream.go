@@ -59,6 +59,60 @@ func (n Names) Streams(tenant uuid.UUID, queue string, shards int) []string {
 	return out
 }
 
+// HandlerStream is the key of the stream of a tenant's task nodes for one
+// handler on one queue: <ns>:{<tenant>}:h:<queue>:<handler>. Only the
+// tenant's own workers are served from it (through the poll API, which
+// reads it on their behalf), and only those that registered the handler,
+// so a task can never reach a worker that cannot run it. One stream per
+// handler and no shards: a tenant's keys share one cluster slot anyway.
+func (n Names) HandlerStream(tenant uuid.UUID, queue, handler string) string {
+	return n.NS + ":{" + tenant.String() + "}:h:" + queue + ":" + handler
+}
+
+// HandlerWake is the pub/sub channel the enqueuer pings after publishing to
+// handler streams; the payload is HandlerRoute. Servers holding tenant
+// workers' polls subscribe to it. (Queue names cannot contain ':', so no
+// queue's Wake channel can collide with it.)
+func (n Names) HandlerWake() string { return n.NS + ":handlers:wake" }
+
+// HandlerRoute names one handler stream in a wake-up: "tenant/queue/handler".
+func HandlerRoute(tenant uuid.UUID, queue, handler string) string {
+	return tenant.String() + "/" + queue + "/" + handler
+}
+
+// ParseHandlerRoute decodes a HandlerRoute.
+func ParseHandlerRoute(s string) (tenant uuid.UUID, queue, handler string, err error) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 || parts[1] == "" || parts[2] == "" {
+		return uuid.Nil, "", "", fmt.Errorf("bad handler route %q", s)
+	}
+	if tenant, err = uuid.Parse(parts[0]); err != nil {
+		return uuid.Nil, "", "", fmt.Errorf("bad handler route %q: %w", s, err)
+	}
+	return tenant, parts[1], parts[2], nil
+}
+
+// Workers is the hash of a tenant's connected workers (worker id -> what
+// it serves), WorkersLive the sorted set of their ids scored by when they
+// count as gone, WorkersBusy the hash of their tasks in flight.
+func (n Names) Workers(tenant uuid.UUID) string { return n.NS + ":{" + tenant.String() + "}:workers" }
+
+// WorkersLive: see Workers.
+func (n Names) WorkersLive(tenant uuid.UUID) string {
+	return n.NS + ":{" + tenant.String() + "}:workers:live"
+}
+
+// WorkersBusy: see Workers.
+func (n Names) WorkersBusy(tenant uuid.UUID) string {
+	return n.NS + ":{" + tenant.String() + "}:workers:busy"
+}
+
+// PollAnswer keeps which leases one poll of a worker was answered with,
+// so a poll repeated because its answer was lost gets them back.
+func (n Names) PollAnswer(tenant uuid.UUID, worker, poll string) string {
+	return n.NS + ":{" + tenant.String() + "}:poll:" + worker + ":" + poll
+}
+
 // Active is the sorted set of tenants with recent work on a queue: member
 // "<tenant>/<shards>", score the last publish time in milliseconds. Workers
 // discover tenant shards from it instead of scanning keys.
@@ -111,12 +165,14 @@ type Message struct {
 	ID     string
 	Stream string
 
-	Tenant  uuid.UUID
-	Run     uuid.UUID
-	Task    uuid.UUID
-	Node    string
-	Type    string
-	Queue   string
+	Tenant uuid.UUID
+	Run    uuid.UUID
+	Task   uuid.UUID
+	Node   string
+	Type   string
+	Queue  string
+	// Handler names a task node's handler (task nodes only).
+	Handler string
 	Attempt int
 	// TraceParent is the W3C trace context of the run, so one trace spans
 	// start, dispatch, execution and report.
@@ -140,6 +196,7 @@ func (m Message) Values() []any {
 		"n", m.Node,
 		"y", m.Type,
 		"q", m.Queue,
+		"h", m.Handler,
 		"a", strconv.Itoa(m.Attempt),
 		"tp", m.TraceParent,
 		"o", strconv.FormatInt(m.OutboxID, 10),
@@ -168,7 +225,7 @@ func Parse(stream string, x redis.XMessage) (Message, error) {
 		return id
 	}
 	m.Tenant, m.Run, m.Task = parseID("t"), parseID("r"), parseID("k")
-	m.Node, m.Type, m.Queue, m.TraceParent = get("n"), get("y"), get("q"), get("tp")
+	m.Node, m.Type, m.Queue, m.Handler, m.TraceParent = get("n"), get("y"), get("q"), get("h"), get("tp")
 	if m.Attempt, err = strconv.Atoi(get("a")); err != nil || m.Attempt < 1 {
 		errsSeen = append(errsSeen, fmt.Errorf("field a: bad attempt %q", get("a")))
 	}

@@ -31,6 +31,9 @@ const (
 	PathRenew    = "/v1/tasks/renew"
 	PathComplete = "/v1/tasks/complete"
 	PathFail     = "/v1/tasks/fail"
+	// PathPoll is how a tenant's own worker asks for work: the server reads
+	// the tenant's handler streams on its behalf and answers with leases.
+	PathPoll = "/v1/tasks/poll"
 )
 
 // Ref names one attempt of one task.
@@ -121,7 +124,42 @@ type CompleteRequest struct {
 type EagerOffer struct {
 	Queue     string   `json:"queue"`
 	NodeTypes []string `json:"node_types"`
+	// Handlers are the task handlers the worker runs; a task node is only
+	// offered to a worker that has its handler.
+	Handlers  []string `json:"handlers,omitempty"`
 	TTLMillis int64    `json:"ttl_ms"`
+}
+
+// PollRequest asks for work. The server answers at once with up to Slots
+// leases of the caller's tenant's task nodes for the named handlers on the
+// named queues, or holds the request until such work arrives or WaitMillis
+// passes (then it answers with no leases). A poll whose answer did not
+// arrive is sent again with the same PollID and Retry set: the server then
+// answers with the leases the lost answer carried, if they are still held.
+type PollRequest struct {
+	WorkerID string `json:"worker_id"`
+	PollID   string `json:"poll_id"`
+	Retry    bool   `json:"retry,omitempty"`
+	// Queues and Handlers name what the worker serves.
+	Queues   []string `json:"queues"`
+	Handlers []string `json:"handlers"`
+	// Slots is how many tasks the worker can start now; Capacity and
+	// InFlight describe it for the tenant's dashboard.
+	Slots      int   `json:"slots"`
+	Capacity   int   `json:"capacity"`
+	InFlight   int   `json:"in_flight"`
+	TTLMillis  int64 `json:"ttl_ms"`
+	WaitMillis int64 `json:"wait_ms"`
+	// Label (e.g. the host name) and Version (the SDK's) are shown to the
+	// tenant in the list of its workers.
+	Label   string `json:"label,omitempty"`
+	Version string `json:"version,omitempty"`
+}
+
+// PollResponse carries the leases granted, each with the task's input and
+// settings; the worker holds them as if it had acquired them.
+type PollResponse struct {
+	Leases []Lease `json:"leases"`
 }
 
 // Error describes a failed attempt.
@@ -182,6 +220,9 @@ type Client struct {
 	BaseURL string
 	Token   string
 	HTTP    *http.Client
+	// Propagator carries the caller's trace context in each request
+	// (default: the global one).
+	Propagator propagation.TextMapPropagator
 }
 
 // NewClient returns a client for the server at baseURL.
@@ -208,6 +249,12 @@ func (c *Client) Complete(ctx context.Context, r CompleteRequest) (ReportRespons
 	return out, c.call(ctx, PathComplete, r, &out)
 }
 
+// Poll asks for work (see PollRequest).
+func (c *Client) Poll(ctx context.Context, r PollRequest) (PollResponse, error) {
+	var out PollResponse
+	return out, c.call(ctx, PathPoll, r, &out)
+}
+
 // Fail reports failure.
 func (c *Client) Fail(ctx context.Context, r FailRequest) (ReportResponse, error) {
 	var out ReportResponse
@@ -225,7 +272,11 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.Token)
-	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(req.Header))
+	prop := c.Propagator
+	if prop == nil {
+		prop = otel.GetTextMapPropagator()
+	}
+	prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return fmt.Errorf("task API %s: %w", path, err)

@@ -20,8 +20,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
 )
 
@@ -32,6 +34,11 @@ type Caller struct {
 	Platform bool
 	Tenant   uuid.UUID
 	Name     string
+	// KeyID is the API key a tenant's worker authenticated with.
+	KeyID string
+	// recheck authenticates the request again (a held poll's credential
+	// may have been revoked meanwhile).
+	recheck func(context.Context) error
 }
 
 // Authenticator resolves the caller of a request, or fails with an
@@ -58,6 +65,7 @@ func PlatformToken(token string) Authenticator {
 // Server is the task API's HTTP handler.
 type Server struct {
 	c    *engine.Coordinator
+	poll *taskpoll.Poller
 	auth Authenticator
 	log  *zap.Logger
 	mux  *http.ServeMux
@@ -66,12 +74,14 @@ type Server struct {
 // maxBody bounds a request: one output (1 MiB) plus its envelope.
 const maxBody = engine.MaxInputBytes + 64<<10
 
-// New returns the handler.
-func New(c *engine.Coordinator, auth Authenticator, log *zap.Logger) *Server {
+// New returns the handler. poll serves tenant workers' polls (nil: the
+// server takes none).
+func New(c *engine.Coordinator, poll *taskpoll.Poller, auth Authenticator, log *zap.Logger) *Server {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	s := &Server{c: c, auth: auth, log: log, mux: http.NewServeMux()}
+	s := &Server{c: c, poll: poll, auth: auth, log: log, mux: http.NewServeMux()}
+	s.mux.HandleFunc("POST "+taskapi.PathPoll, handle(s, s.pollWork))
 	s.mux.HandleFunc("POST "+taskapi.PathAcquire, handle(s, s.acquire))
 	s.mux.HandleFunc("POST "+taskapi.PathRenew, handle(s, s.renew))
 	s.mux.HandleFunc("POST "+taskapi.PathComplete, handle(s, s.complete))
@@ -88,6 +98,10 @@ func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, e
 		if err != nil {
 			s.writeError(w, err)
 			return
+		}
+		caller.recheck = func(ctx context.Context) error {
+			_, err := s.auth(r.WithContext(ctx))
+			return err
 		}
 		var in In
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
@@ -150,7 +164,32 @@ func byTenant(c Caller, refs []taskapi.Ref) (map[uuid.UUID][]int, error) {
 
 func ttl(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
+// pollWork answers a tenant worker's poll with leases of its tenant's
+// task nodes (see taskpoll).
+func (s *Server) pollWork(ctx context.Context, c Caller, in taskapi.PollRequest) (taskapi.PollResponse, error) {
+	if c.Platform {
+		return taskapi.PollResponse{}, errs.E(errs.Forbidden, "polling is for a tenant's own workers, with an API key of the worker scope")
+	}
+	if s.poll == nil {
+		return taskapi.PollResponse{}, errs.E(errs.Unavailable, "this server does not serve tenant workers")
+	}
+	leases, err := s.poll.Poll(ctx, taskpoll.Caller{Tenant: c.Tenant, KeyID: c.KeyID, Recheck: c.recheck}, in)
+	if err != nil {
+		return taskapi.PollResponse{}, err
+	}
+	out := taskapi.PollResponse{Leases: make([]taskapi.Lease, len(leases))}
+	for i, l := range leases {
+		out.Leases[i] = leaseOf(taskapi.Ref{Tenant: c.Tenant, Run: l.RunID, Task: l.TaskID, Attempt: l.Attempt}, l)
+	}
+	return out, nil
+}
+
 func (s *Server) acquire(ctx context.Context, c Caller, in taskapi.AcquireRequest) (taskapi.AcquireResponse, error) {
+	if !c.Platform {
+		// Tenant workers are served by polls: the streams they would name
+		// messages from are the platform's.
+		return taskapi.AcquireResponse{}, errs.E(errs.Forbidden, "a tenant's workers get their tasks by polling (%s)", taskapi.PathPoll)
+	}
 	groups, err := byTenant(c, in.Leases)
 	if err != nil {
 		return taskapi.AcquireResponse{}, err
@@ -194,6 +233,9 @@ func (s *Server) renew(ctx context.Context, c Caller, in taskapi.RenewRequest) (
 			out.Leases[i] = taskapi.Renewal{Ref: in.Leases[i], Held: rens[j].Held, ExpiresAt: rens[j].ExpiresAt}
 		}
 	}
+	if !c.Platform && s.poll != nil {
+		s.poll.Renewed(ctx, taskpoll.Caller{Tenant: c.Tenant, KeyID: c.KeyID}, in.WorkerID, ttl(in.TTLMillis), len(in.Leases))
+	}
 	return out, nil
 }
 
@@ -222,7 +264,12 @@ func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequ
 	}
 	r := engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt, LeaseOwner: in.WorkerID, Output: in.Output}
 	if o := in.Eager; o != nil {
-		r.Eager = &engine.EagerOffer{Queue: o.Queue, NodeTypes: o.NodeTypes, TTL: ttl(o.TTLMillis)}
+		r.Eager = &engine.EagerOffer{Queue: o.Queue, NodeTypes: o.NodeTypes, Handlers: o.Handlers, TTL: ttl(o.TTLMillis)}
+		if !c.Platform {
+			// A tenant's worker runs its task nodes only; the rest are the
+			// platform's.
+			r.Eager.NodeTypes = []string{string(dag.TypeTask)}
+		}
 	}
 	ack, err := s.c.CompleteTask(ctx, in.Tenant, r)
 	if errors.Is(err, errs.NotFound) {
@@ -243,6 +290,11 @@ func (s *Server) fail(ctx context.Context, c Caller, in taskapi.FailRequest) (ta
 		return taskapi.ReportResponse{}, errs.E(errs.Invalid, "worker_id is required")
 	}
 	owner := in.WorkerID
+	if in.Unleased && !c.Platform {
+		// Only the platform's stream readers see a message delivered too
+		// often; a tenant's worker reports what it leased.
+		return taskapi.ReportResponse{}, errs.E(errs.Forbidden, "unleased reports are for platform workers")
+	}
 	if in.Unleased {
 		owner = ""
 	}

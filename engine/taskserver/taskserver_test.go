@@ -23,7 +23,7 @@ func TestWorkerCredentialIsRequired(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
 	db := &tenants.DB{App: env.App, System: env.System}
-	srv := httptest.NewServer(taskserver.New(engine.NewCoordinator(db, engine.Options{}), taskserver.PlatformToken("s3cret"), nil))
+	srv := httptest.NewServer(taskserver.New(engine.NewCoordinator(db, engine.Options{}), nil, taskserver.PlatformToken("s3cret"), nil))
 	defer srv.Close()
 	ctx := context.Background()
 	ref := taskapi.Ref{Tenant: uuid.New(), Run: uuid.New(), Task: uuid.New(), Attempt: 1}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/engine/taskserver"
 	"github.com/composer-dev/composer/graph"
 	"github.com/composer-dev/composer/internal/config"
@@ -129,7 +131,9 @@ type Server struct {
 	Authz       *auth.Authorizer
 	Live        *graph.Live
 	Limiter     *tenants.RateLimiter
-	Mux         *http.ServeMux
+	// Poller serves tenant workers' polls.
+	Poller *taskpoll.Poller
+	Mux    *http.ServeMux
 	// Webhooks manages endpoints; Relay delivers (nil without a secret key).
 	Webhooks webhooks.Service
 	Relay    *webhooks.Relay
@@ -231,15 +235,18 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Enqueuer = outbox.New(d.DB, d.Cfg.SystemDatabaseURL, d.Redis, stream.NewNames(d.Cfg.RedisNamespace),
 		outbox.Config{PollInterval: d.Cfg.OutboxPollInterval}, d.Log.Named("outbox"))
 	var sweeper *engine.Sweeper
+	slots := tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
+		d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
+	})
 	s.Coordinator = engine.NewCoordinator(d.DB, engine.Options{Logger: d.Log.Named("coordinator"), Wake: s.Enqueuer.Wake,
 		PublishNow: s.Enqueuer.PublishNow,
 		WakeTimers: func() {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
-			d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
-		})})
+		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots})
+	s.Poller = taskpoll.New(s.Coordinator, d.Redis, stream.NewNames(d.Cfg.RedisNamespace), slots, taskpoll.Config{}, d.Log.Named("taskpoll"))
+	s.Background = append(s.Background, s.Poller.Run)
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
 		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
@@ -251,10 +258,10 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		s.Background = append(s.Background, exporter.Run)
 	}
 
-	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
+	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, s.Poller, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
 		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter,
-			Webhooks: s.Webhooks, Log: d.Log.Named("graphql")},
+			Webhooks: s.Webhooks, Workers: s.Poller, Log: d.Log.Named("graphql")},
 		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	if d.Cfg.Dev {
@@ -313,17 +320,19 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	return nil
 }
 
-// NewWorker assembles a worker that reaches the server at serverURL.
-// handlers runs task nodes; nil means the worker runs no task nodes.
-func NewWorker(d *Deps, serverURL string, handlers *workers.Handlers) (*workers.Worker, error) {
+// NewWorker assembles a platform worker that reaches the server at
+// serverURL: it runs http and noop nodes of every tenant. (Task nodes are
+// tenants' own code: their workers use the SDK and the poll API.)
+func NewWorker(d *Deps, serverURL string) (*workers.Worker, error) {
+	if strings.HasPrefix(d.Cfg.WorkerToken, auth.APIKeyPrefix) {
+		return nil, errors.New("COMPOSER_WORKER_TOKEN is a tenant API key: `composer worker` is the platform's worker and needs the " +
+			"platform token; a tenant runs its own code with the Go SDK (sdk/worker), which needs only the server URL and the key")
+	}
 	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks)
 	if err != nil {
 		return nil, fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS: %w", err)
 	}
 	executors := map[string]workers.Executor{"http": workers.NewHTTP(policy), "noop": workers.Noop}
-	if handlers != nil {
-		executors["task"] = handlers
-	}
 	api := taskapi.NewClient(serverURL, d.Cfg.WorkerToken)
 	return workers.New(workers.Config{Queues: d.Cfg.WorkerQueues, Concurrency: d.Cfg.WorkerConcurrency, LeaseTTL: d.Cfg.LeaseTTL,
 		ClaimIdle: d.Cfg.ClaimIdle, MaxDeliveries: int64(d.Cfg.MaxDeliveries), ShutdownTimeout: d.Cfg.ShutdownTimeout,

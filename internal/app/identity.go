@@ -128,7 +128,7 @@ func WorkerAuth(platformToken string, authn *auth.Authenticator) taskserver.Auth
 			if !slices.Contains(p.Scopes, auth.ScopeWorker) && !slices.Contains(p.Scopes, auth.ScopeAdmin) {
 				return taskserver.Caller{}, errs.E(errs.Forbidden, "this API key lacks the worker scope")
 			}
-			return taskserver.Caller{Tenant: p.TenantID, Name: "key:" + p.Subject}, nil
+			return taskserver.Caller{Tenant: p.TenantID, Name: "key:" + p.Subject, KeyID: p.Subject}, nil
 		}
 		got := sha256.Sum256([]byte(token))
 		if platformToken == "" || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {

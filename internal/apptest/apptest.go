@@ -8,10 +8,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,12 +25,14 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/sdk/worker"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
@@ -118,10 +122,12 @@ func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...
 // Coordinator returns the system's coordinator.
 func (s *System) Coordinator() *engine.Coordinator { return s.Server.Coordinator }
 
-// WorkerOptions adjust a worker started by StartWorker.
+// WorkerOptions adjust a platform worker started by StartWorker.
 type WorkerOptions struct {
-	Handlers *workers.Handlers
-	Config   func(*workers.Config)
+	// Noop, when set, runs noop nodes instead of completing them at once
+	// (tests of the platform runtime give it behaviour of their own).
+	Noop   workers.Executor
+	Config func(*workers.Config)
 	// API replaces the HTTP task API client (e.g. to intercept calls).
 	API workers.TaskAPI
 }
@@ -133,8 +139,8 @@ func (s *System) StartWorker(o WorkerOptions) (w *workers.Worker, stop func()) {
 	policy, err := ssrf.NewPolicy(s.Cfg.AllowPrivateNetworks)
 	require.NoError(s.T, err)
 	executors := map[string]workers.Executor{"http": workers.NewHTTP(policy), "noop": workers.Noop}
-	if o.Handlers != nil {
-		executors["task"] = o.Handlers
+	if o.Noop != nil {
+		executors["noop"] = o.Noop
 	}
 	cfg := workers.Config{Queues: []string{"default"}, Concurrency: 8, LeaseTTL: s.Cfg.LeaseTTL, ClaimIdle: s.Cfg.ClaimIdle,
 		ShutdownTimeout: 2 * time.Second, Namespace: s.Cfg.RedisNamespace, IdlePoll: 200 * time.Millisecond}
@@ -153,6 +159,66 @@ func (s *System) StartWorker(o WorkerOptions) (w *workers.Worker, stop func()) {
 	stop = func() { once.Do(func() { cancel(); <-done }) }
 	s.T.Cleanup(stop)
 	return w, stop
+}
+
+// APIKey creates an API key of the system's tenant with the given scopes
+// and returns it.
+func (s *System) APIKey(scopes ...string) string {
+	s.T.Helper()
+	var plain string
+	err := s.Deps.DB.WithTenant(context.Background(), s.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		plain, _, err = auth.Keys{}.Create(ctx, tx, "test key", scopes, nil, "apptest")
+		return err
+	})
+	require.NoError(s.T, err)
+	return plain
+}
+
+// SDKWorkerOptions adjust a tenant worker started by StartSDKWorker.
+type SDKWorkerOptions struct {
+	// Key is the worker's API key (default: a new key of the worker scope).
+	Key string
+	// Options adjusts the SDK's options (which start with the system's
+	// lease TTL and a short shutdown).
+	Options func(*worker.Options)
+}
+
+// StartSDKWorker runs a tenant's own code in-process as a program using
+// the SDK does: it reaches the system only through its public HTTP API,
+// with an API key. register adds the handlers. The worker stops when the
+// test ends (or stop is called); Run's error, if any, fails the test
+// unless the test expects it (done receives it).
+func (s *System) StartSDKWorker(register func(*worker.Worker), o SDKWorkerOptions) (w *worker.Worker, stop func(), done <-chan error) {
+	s.T.Helper()
+	key := o.Key
+	if key == "" {
+		key = s.APIKey(auth.ScopeWorker)
+	}
+	opts := worker.Options{LeaseTTL: s.Cfg.LeaseTTL, ShutdownTimeout: 2 * time.Second, NoSignals: true, Concurrency: 8,
+		Logger: slog.New(slog.NewTextHandler(testWriter{s.T}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if o.Options != nil {
+		o.Options(&opts)
+	}
+	w, err := worker.New(s.URL, key, opts)
+	require.NoError(s.T, err)
+	register(w)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() { defer close(finished); errc <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-finished }) }
+	s.T.Cleanup(stop)
+	return w, stop, errc
+}
+
+// testWriter sends log lines to the test's log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
 
 // Workflow creates a workflow and returns its id.

@@ -1,0 +1,687 @@
+// Package taskpoll serves the work polls of tenants' own workers: programs
+// a tenant runs with the SDK, holding only an API key with the worker
+// scope and the server's URL. Such a worker never touches Redis or
+// PostgreSQL. It names the queues and task handlers it serves and how
+// many slots are free; the server reads that tenant's handler streams on
+// its behalf, leases at most that many tasks to it, and answers — at
+// once when work is there, else as soon as a wake-up says work arrived,
+// else with nothing when the poll's wait runs out.
+//
+// What keeps it safe and live:
+//   - a poll reads only the caller's tenant's keys, named from the
+//     authenticated credential, never from the request;
+//   - a message is settled (acknowledged and deleted) in the same poll
+//     that leased it: from then on the lease is the truth, and a worker
+//     that dies is recovered by the lease sweep like any other;
+//   - messages the quota bounced, or whose lease call failed after a
+//     short bounded retry, are put back at once (re-added, then
+//     acknowledged) for the next poll; a server that dies between reading
+//     and settling leaves them pending, and any poll of the tenant takes
+//     them over after ReclaimIdle;
+//   - a caller that went away before its answer was written gets its
+//     leases released (pending again, same attempt); an answer lost on
+//     the way is recovered by the worker repeating the poll with the same
+//     poll id, which hands back the leases that answer carried;
+//   - every poll refreshes the worker's entry in the tenant's list of
+//     connected workers (bounded per tenant), which the API shows.
+//
+// A Poller is safe for concurrent use; run one per server replica, with
+// Run started.
+package taskpoll
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/dag"
+	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
+)
+
+// Config configures a Poller. Zero fields take the defaults.
+type Config struct {
+	// MaxWait is the longest a poll is held (default 20s).
+	MaxWait time.Duration
+	// ReclaimIdle is how long a message read by a poll may stay unsettled
+	// before another poll takes it over: its server died in between
+	// (default 15s; a poll settles within its lease retry).
+	ReclaimIdle time.Duration
+	// MaxWorkers bounds a tenant's connected workers (default 1000).
+	MaxWorkers int
+	// LeaseRetry is how long a lease call that fails is retried before the
+	// messages go back to their streams (default 2s).
+	LeaseRetry time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxWait     = 20 * time.Second
+	DefaultReclaimIdle = 15 * time.Second
+	DefaultMaxWorkers  = 1000
+	DefaultLeaseRetry  = 2 * time.Second
+)
+
+func (c *Config) defaults() {
+	c.MaxWait = cmpOr(c.MaxWait, DefaultMaxWait)
+	c.ReclaimIdle = cmpOr(c.ReclaimIdle, DefaultReclaimIdle)
+	c.MaxWorkers = cmpOr(c.MaxWorkers, DefaultMaxWorkers)
+	c.LeaseRetry = cmpOr(c.LeaseRetry, DefaultLeaseRetry)
+}
+
+func cmpOr[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
+}
+
+// Limits of one poll request.
+const (
+	MaxQueues   = 20
+	MaxSlots    = 1000
+	MaxCapacity = 10000
+	maxLabel    = 200
+	maxVersion  = 64
+)
+
+// consumer is the consumer name of every poll in the handler streams'
+// group: a poll settles what it read before it answers, so who read a
+// message only matters while it is unsettled, and ReclaimIdle covers that.
+const consumer = "poll"
+
+// Poller serves tenant workers' polls.
+type Poller struct {
+	coord *engine.Coordinator
+	rdb   redis.UniversalClient
+	names stream.Names
+	slots *tenants.Slots
+	cfg   Config
+	log   *zap.Logger
+	hub   *hub
+}
+
+// New returns a Poller. slots is the running-task quota the coordinator
+// enforces (nil when there is none): a poll reads no more than the
+// tenant's free permits.
+func New(coord *engine.Coordinator, rdb redis.UniversalClient, names stream.Names, slots *tenants.Slots, cfg Config, log *zap.Logger) *Poller {
+	cfg.defaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Poller{coord: coord, rdb: rdb, names: names, slots: slots, cfg: cfg, log: log, hub: newHub(rdb, names.HandlerWake(), log)}
+}
+
+// Run keeps the wake-up subscription until ctx ends.
+func (p *Poller) Run(ctx context.Context) { p.hub.run(ctx) }
+
+// Caller is the authenticated worker: its tenant and the API key it used.
+type Caller struct {
+	Tenant uuid.UUID
+	KeyID  string
+	// Recheck, when set, authenticates the caller again: a poll that was
+	// held calls it before leasing anything, so a key revoked while the
+	// poll waited gets nothing.
+	Recheck func(context.Context) error
+}
+
+var (
+	workerIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$`)
+	pollIDPattern   = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
+
+// poll is a validated request.
+type poll struct {
+	taskapi.PollRequest
+	ttl, wait time.Duration
+	keys      []string        // the handler streams, in request order
+	routes    map[string]bool // "queue/handler"
+}
+
+func (p *Poller) check(c Caller, r taskapi.PollRequest) (*poll, error) {
+	var bad []string
+	if !workerIDPattern.MatchString(r.WorkerID) {
+		bad = append(bad, "worker_id must be 1-128 letters, digits or _.:@+- (starting with a letter or digit)")
+	}
+	if !pollIDPattern.MatchString(r.PollID) {
+		bad = append(bad, "poll_id must be 1-64 letters, digits, _ or -")
+	}
+	if len(r.Queues) == 0 || len(r.Queues) > MaxQueues {
+		bad = append(bad, fmt.Sprintf("name 1-%d queues", MaxQueues))
+	}
+	for _, q := range r.Queues {
+		if !dag.ValidQueue(q) {
+			bad = append(bad, fmt.Sprintf("invalid queue name %q", q))
+		}
+	}
+	if len(r.Handlers) == 0 || len(r.Handlers) > engine.MaxWorkerHandlers {
+		bad = append(bad, fmt.Sprintf("name 1-%d handlers", engine.MaxWorkerHandlers))
+	}
+	for _, h := range r.Handlers {
+		if !dag.ValidHandler(h) {
+			bad = append(bad, fmt.Sprintf("invalid handler name %q", h))
+		}
+	}
+	if r.Slots < 0 || r.Slots > MaxSlots {
+		bad = append(bad, fmt.Sprintf("slots must be between 0 and %d", MaxSlots))
+	}
+	if r.Capacity < 1 || r.Capacity > MaxCapacity || r.InFlight < 0 || r.InFlight > r.Capacity || r.Slots > r.Capacity {
+		bad = append(bad, fmt.Sprintf("capacity must be 1-%d, with slots and in_flight within it", MaxCapacity))
+	}
+	ttl := time.Duration(r.TTLMillis) * time.Millisecond
+	if ttl < time.Second || ttl > 10*time.Minute {
+		bad = append(bad, "ttl_ms must be between 1s and 10m")
+	}
+	wait := time.Duration(r.WaitMillis) * time.Millisecond
+	if wait < 0 || wait > p.cfg.MaxWait {
+		bad = append(bad, fmt.Sprintf("wait_ms must be between 0 and %d", p.cfg.MaxWait.Milliseconds()))
+	}
+	if !printable(r.Label, maxLabel) || !printable(r.Version, maxVersion) {
+		bad = append(bad, fmt.Sprintf("label and version must be printable text of at most %d and %d characters", maxLabel, maxVersion))
+	}
+	if len(bad) > 0 {
+		e := errs.E(errs.Invalid, "invalid poll: %s", bad[0])
+		for _, b := range bad {
+			e.Fields = append(e.Fields, errs.Field{Message: b})
+		}
+		return nil, e
+	}
+	out := &poll{PollRequest: r, ttl: ttl, wait: wait, routes: map[string]bool{}}
+	for _, q := range dedupe(r.Queues) {
+		for _, h := range dedupe(r.Handlers) {
+			out.routes[q+"/"+h] = true
+			out.keys = append(out.keys, p.names.HandlerStream(c.Tenant, q, h))
+		}
+	}
+	return out, nil
+}
+
+func printable(s string, n int) bool {
+	if len(s) > n {
+		return false
+	}
+	for _, r := range s {
+		if r < ' ' || r == 0x7f || (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) {
+			return false
+		}
+	}
+	return true
+}
+
+func dedupe(xs []string) []string {
+	out := slices.Clone(xs)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Poll answers one poll (see taskapi.PollRequest): leases of the caller's
+// tenant's tasks, each with its queue and trace context, or none when the
+// wait ran out (or the caller went away).
+func (p *Poller) Poll(ctx context.Context, c Caller, r taskapi.PollRequest) ([]engine.Lease, error) {
+	q, err := p.check(c, r)
+	if err != nil {
+		return nil, err
+	}
+	if q.Retry {
+		if leases, err := p.answerAgain(ctx, c, q); err != nil {
+			p.log.Warn("recovering the leases of a lost poll answer failed", zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
+		} else if len(leases) > 0 {
+			return leases, nil
+		}
+	}
+	w := p.hub.add(c.Tenant, q.routes)
+	defer p.hub.remove(c.Tenant, w)
+	deadline := time.Now().Add(q.wait)
+	var quotaWait time.Duration
+	for held := false; ; held = true {
+		msgs, full, err := p.read(ctx, c, q)
+		if err != nil {
+			return nil, err
+		}
+		if len(msgs) > 0 && held && c.Recheck != nil {
+			if err := c.Recheck(ctx); err != nil {
+				p.settle(context.WithoutCancel(ctx), c, q, nil, msgs, nil)
+				return nil, err
+			}
+		}
+		if len(msgs) > 0 {
+			leases, bounced, err := p.lease(ctx, c, q, msgs)
+			if err != nil || len(leases) > 0 {
+				return leases, err
+			}
+			if !bounced {
+				continue // all duplicates or stale: look again at once
+			}
+			full = true // the quota filled meanwhile
+		}
+		left := time.Until(deadline)
+		if q.Slots == 0 || left <= 0 {
+			return nil, nil
+		}
+		wait := p.hub.fallback(left)
+		if full {
+			// Permits free without a wake-up: look again soon, backing off.
+			quotaWait = min(max(quotaWait*2, 20*time.Millisecond), 250*time.Millisecond)
+			wait = min(wait, quotaWait)
+		} else {
+			quotaWait = 0
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil
+		case <-w.ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// pollScript refreshes the worker's entry in the tenant's registry, then
+// reads up to n messages from the handler streams in order, taking over
+// messages left unsettled for ReclaimIdle first — never more than the
+// tenant's free running-task permits. Every key carries the tenant's hash
+// tag, so the script touches one cluster slot.
+//
+// KEYS: workers, live, busy, running permits, streams...
+// ARGV: worker, info, gone-after ms, max workers, in flight, n, limit,
+// group, consumer, reclaim idle ms.
+// Returns {status, key, id, fields, key, id, fields, ...}: status 0 (read),
+// -1 (quota full), -2 (too many workers).
+var pollScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
+for _, id in ipairs(gone) do
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[3], id)
+end
+local w = ARGV[1]
+if not redis.call('ZSCORE', KEYS[2], w) and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then
+  return {-2}
+end
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), w)
+redis.call('HSET', KEYS[1], w, ARGV[2])
+redis.call('HSET', KEYS[3], w, ARGV[5] .. ' ' .. now)
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 86400000) end
+local n = tonumber(ARGV[6])
+local limit = tonumber(ARGV[7])
+if n > 0 and limit > 0 then
+  local held = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+  if held >= limit then return {-1} end
+  n = math.min(n, limit - held)
+end
+local out = {0}
+for i = 5, #KEYS do
+  if n <= 0 then break end
+  local key = KEYS[i]
+  if redis.call('EXISTS', key) == 1 then
+    local r = redis.pcall('XAUTOCLAIM', key, ARGV[8], ARGV[9], ARGV[10], '0-0', 'COUNT', n)
+    if type(r) == 'table' and r.err then
+      if string.find(r.err, 'NOGROUP', 1, true) then
+        redis.call('XGROUP', 'CREATE', key, ARGV[8], '0')
+      else
+        return redis.error_reply(r.err)
+      end
+    else
+      for _, e in ipairs(r[2]) do
+        if e[2] then
+          out[#out + 1] = key
+          out[#out + 1] = e[1]
+          out[#out + 1] = e[2]
+          n = n - 1
+        end
+      end
+    end
+    if n > 0 then
+      local x = redis.call('XREADGROUP', 'GROUP', ARGV[8], ARGV[9], 'COUNT', n, 'STREAMS', key, '>')
+      if x then
+        for _, e in ipairs(x[1][2]) do
+          out[#out + 1] = key
+          out[#out + 1] = e[1]
+          out[#out + 1] = e[2]
+          n = n - 1
+        end
+      end
+    end
+  end
+end
+return out
+`)
+
+// entry is what the tenant's list of workers shows of one worker.
+type entry struct {
+	Label       string   `json:"label,omitempty"`
+	Version     string   `json:"version,omitempty"`
+	Queues      []string `json:"queues"`
+	Handlers    []string `json:"handlers"`
+	Capacity    int      `json:"capacity"`
+	KeyID       string   `json:"key_id,omitempty"`
+	ConnectedAt int64    `json:"connected_at_ms"`
+}
+
+// goneAfter is how long a worker that makes no call counts as connected:
+// twice the longest gap between its calls (a poll's wait, or the renewal
+// interval while every slot is busy), and a few seconds.
+func goneAfter(q *poll) time.Duration {
+	return 2*max(q.wait, q.ttl/3) + 5*time.Second
+}
+
+func (p *Poller) read(ctx context.Context, c Caller, q *poll) (msgs []stream.Message, full bool, err error) {
+	limit := 0
+	if p.slots != nil && q.Slots > 0 {
+		if limit, err = p.coord.RunningLimit(ctx, c.Tenant); err != nil {
+			return nil, false, errs.Wrap(errs.Unavailable, err, "the task service is unavailable; try again")
+		}
+	}
+	info, _ := json.Marshal(entry{Label: q.Label, Version: q.Version, Queues: dedupe(q.Queues), Handlers: dedupe(q.Handlers),
+		Capacity: q.Capacity, KeyID: c.KeyID, ConnectedAt: time.Now().UnixMilli()})
+	keys := []string{p.names.Workers(c.Tenant), p.names.WorkersLive(c.Tenant), p.names.WorkersBusy(c.Tenant), p.quotaKey(c.Tenant)}
+	// Start at a random stream so no handler is favoured when slots are few.
+	rot := rand.IntN(len(q.keys))
+	keys = append(keys, q.keys[rot:]...)
+	keys = append(keys, q.keys[:rot]...)
+	res, err := pollScript.Run(ctx, p.rdb, keys, q.WorkerID, info, goneAfter(q).Milliseconds(), p.cfg.MaxWorkers, q.InFlight,
+		q.Slots, limit, stream.Group, consumer, p.cfg.ReclaimIdle.Milliseconds()).Slice()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, false, nil
+		}
+		return nil, false, errs.Wrap(errs.Unavailable, err, "the task service is unavailable; try again")
+	}
+	switch status, _ := res[0].(int64); status {
+	case -1:
+		return nil, true, nil
+	case -2:
+		return nil, false, errs.E(errs.QuotaExceeded, "the tenant already has %d workers connected, the most it may have", p.cfg.MaxWorkers)
+	}
+	for i := 1; i+2 < len(res); i += 3 {
+		key, _ := res[i].(string)
+		id, _ := res[i+1].(string)
+		fields, _ := res[i+2].([]any)
+		values := make(map[string]any, len(fields)/2)
+		for j := 0; j+1 < len(fields); j += 2 {
+			k, _ := fields[j].(string)
+			values[k] = fields[j+1]
+		}
+		m, err := stream.Parse(key, redis.XMessage{ID: id, Values: values})
+		if err != nil || m.Tenant != c.Tenant {
+			// Undecodable (or, impossibly, another tenant's): never deliver it.
+			p.log.Error("poison message dropped from a handler stream", zap.String("stream", key), zap.String("message_id", id), zap.Error(err))
+			p.settle(context.WithoutCancel(ctx), c, nil, []stream.Message{{ID: id, Stream: key}}, nil, nil)
+			continue
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs, false, nil
+}
+
+// quotaKey is the tenant's permit set (any key of its slot when there is
+// no quota: the script then never reads it).
+func (p *Poller) quotaKey(tenant uuid.UUID) string {
+	if p.slots == nil {
+		return p.names.Workers(tenant)
+	}
+	return p.slots.Key(tenant)
+}
+
+// leaseTimeout bounds the leasing and settling of one poll's messages,
+// which continue after the caller goes away so nothing is left half done.
+const leaseTimeout = 10 * time.Second
+
+// lease leases the messages to the worker and settles them: leased,
+// duplicate and stale messages are acknowledged and deleted; those the
+// quota bounced go back to their streams, and so does everything when the
+// lease call keeps failing or the caller went away meanwhile (its leases
+// are released first).
+func (p *Poller) lease(ctx context.Context, c Caller, q *poll, msgs []stream.Message) (leased []engine.Lease, bounced bool, err error) {
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseTimeout)
+	defer cancel()
+	reqs := make([]engine.LeaseRequest, len(msgs))
+	for i, m := range msgs {
+		reqs[i] = engine.LeaseRequest{RunID: m.Run, TaskID: m.Task, Attempt: m.Attempt}
+	}
+	var leases []engine.Lease
+	var quota engine.Quota
+	retryUntil := time.Now().Add(p.cfg.LeaseRetry)
+	for backoff := 50 * time.Millisecond; ; backoff = min(backoff*2, 500*time.Millisecond) {
+		leases, quota, err = p.coord.AcquireLeases(bg, c.Tenant, q.WorkerID, q.ttl, reqs)
+		if err == nil || errs.KindOf(err) == errs.Invalid || time.Now().Add(backoff).After(retryUntil) {
+			break
+		}
+		time.Sleep(backoff)
+	}
+	if err != nil {
+		p.log.Warn("leasing polled tasks failed; their messages go back to the streams", zap.Stringer("tenant_id", c.Tenant),
+			zap.Int("messages", len(msgs)), zap.Error(err))
+		p.settle(bg, c, q, nil, msgs, nil)
+		return nil, false, errs.Wrap(errs.Unavailable, err, "the task service is unavailable; try again")
+	}
+	var done, back []stream.Message
+	var out []engine.Lease
+	var refs []engine.LeaseRequest
+	for i, l := range leases {
+		m := msgs[i]
+		switch {
+		case l.Acquired:
+			l.RunID, l.Attempt, l.Queue, l.TraceParent = m.Run, m.Attempt, m.Queue, m.TraceParent
+			out = append(out, l)
+			refs = append(refs, reqs[i])
+			done = append(done, m)
+		case quota.Full():
+			back = append(back, m)
+		default:
+			done = append(done, m)
+		}
+	}
+	if len(out) > 0 && ctx.Err() != nil {
+		// The caller is gone: nobody will run these.
+		if err := p.coord.ReleaseLeases(bg, c.Tenant, q.WorkerID, refs); err != nil {
+			p.log.Warn("releasing the leases of an abandoned poll failed; they are recovered when they expire",
+				zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
+		} else {
+			back = msgs
+			done = nil
+		}
+		out = nil
+	}
+	p.settle(bg, c, q, done, back, out)
+	return out, len(back) > 0, nil
+}
+
+// answer is one lease a poll answered with, kept so a repeat of the poll
+// can hand it back.
+type answer struct {
+	Run         uuid.UUID `json:"r"`
+	Task        uuid.UUID `json:"t"`
+	Attempt     int       `json:"a"`
+	Queue       string    `json:"q"`
+	TraceParent string    `json:"tp,omitempty"`
+}
+
+// settle acknowledges and deletes done messages, puts back the back ones
+// (re-added, then acknowledged, so the next poll reads them) and keeps the
+// poll's answer for a repeat, in one round trip. A message whose put-back
+// fails stays pending and is taken over after ReclaimIdle.
+func (p *Poller) settle(ctx context.Context, c Caller, q *poll, done, back []stream.Message, leased []engine.Lease) {
+	pipe := p.rdb.TxPipeline()
+	for _, m := range done {
+		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
+		pipe.XDel(ctx, m.Stream, m.ID)
+	}
+	for _, m := range back {
+		m.EnqueuedAt = time.Now()
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: m.Stream, Values: m.Values()})
+		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
+		pipe.XDel(ctx, m.Stream, m.ID)
+	}
+	woken := map[string]bool{}
+	for _, m := range back {
+		if r := stream.HandlerRoute(c.Tenant, m.Queue, m.Handler); !woken[r] {
+			woken[r] = true
+			pipe.Publish(ctx, p.names.HandlerWake(), r)
+		}
+	}
+	if len(leased) > 0 && q != nil {
+		kept := make([]answer, len(leased))
+		for i, l := range leased {
+			kept[i] = answer{Run: l.RunID, Task: l.TaskID, Attempt: l.Attempt, Queue: l.Queue, TraceParent: l.TraceParent}
+		}
+		b, _ := json.Marshal(kept)
+		pipe.Set(ctx, p.names.PollAnswer(c.Tenant, q.WorkerID, q.PollID), b, q.ttl)
+	}
+	if pipe.Len() == 0 {
+		return
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		p.log.Warn("settling polled messages failed; they are taken over later", zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
+	}
+}
+
+// answerAgain hands back the leases the poll's earlier answer carried,
+// when they are still the worker's.
+func (p *Poller) answerAgain(ctx context.Context, c Caller, q *poll) ([]engine.Lease, error) {
+	b, err := p.rdb.Get(ctx, p.names.PollAnswer(c.Tenant, q.WorkerID, q.PollID)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var kept []answer
+	if err := json.Unmarshal(b, &kept); err != nil {
+		return nil, err
+	}
+	reqs := make([]engine.LeaseRequest, len(kept))
+	for i, a := range kept {
+		reqs[i] = engine.LeaseRequest{RunID: a.Run, TaskID: a.Task, Attempt: a.Attempt}
+	}
+	leases, err := p.coord.ReacquireLeases(ctx, c.Tenant, q.WorkerID, q.ttl, reqs)
+	if err != nil {
+		return nil, err
+	}
+	var out []engine.Lease
+	for i, l := range leases {
+		if l.Acquired {
+			l.RunID, l.Attempt, l.Queue, l.TraceParent = kept[i].Run, kept[i].Attempt, kept[i].Queue, kept[i].TraceParent
+			out = append(out, l)
+		}
+	}
+	return out, nil
+}
+
+// renewScript refreshes a worker's registry entry from its lease renewal
+// (a worker with every slot busy does not poll). KEYS: live, busy; ARGV:
+// worker, gone-after ms, in flight.
+var renewScript = redis.NewScript(`
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. now)
+return 1
+`)
+
+// Renewed records that a tenant worker renewed its leases: it is still
+// connected, with inFlight tasks. Failures are only logged: the renewal
+// itself succeeded.
+func (p *Poller) Renewed(ctx context.Context, c Caller, worker string, ttl time.Duration, inFlight int) {
+	gone := 2*ttl/3 + 5*time.Second + 2*p.cfg.MaxWait
+	err := renewScript.Run(ctx, p.rdb, []string{p.names.WorkersLive(c.Tenant), p.names.WorkersBusy(c.Tenant)},
+		worker, gone.Milliseconds(), inFlight).Err()
+	if err != nil && ctx.Err() == nil {
+		p.log.Warn("refreshing a worker's registry entry failed", zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
+	}
+}
+
+// Worker is a connected tenant worker, as the tenant's API shows it.
+type Worker struct {
+	ID          string
+	Label       string
+	Version     string
+	Queues      []string
+	Handlers    []string
+	Capacity    int
+	InFlight    int
+	KeyID       string
+	ConnectedAt time.Time
+	LastSeenAt  time.Time
+}
+
+// Workers lists the tenant's connected workers, by id.
+func (p *Poller) Workers(ctx context.Context, tenant uuid.UUID) ([]Worker, error) {
+	pipe := p.rdb.Pipeline()
+	info := pipe.HGetAll(ctx, p.names.Workers(tenant))
+	live := pipe.ZRangeByScoreWithScores(ctx, p.names.WorkersLive(tenant), &redis.ZRangeBy{Min: strconv.FormatInt(time.Now().UnixMilli(), 10), Max: "+inf"})
+	busy := pipe.HGetAll(ctx, p.names.WorkersBusy(tenant))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, errs.Wrap(errs.Unavailable, err, "the list of workers is unavailable; try again")
+	}
+	var out []Worker
+	for _, z := range live.Val() {
+		id, _ := z.Member.(string)
+		var e entry
+		if err := json.Unmarshal([]byte(info.Val()[id]), &e); err != nil {
+			continue
+		}
+		w := Worker{ID: id, Label: e.Label, Version: e.Version, Queues: e.Queues, Handlers: e.Handlers, Capacity: e.Capacity,
+			KeyID: e.KeyID, ConnectedAt: time.UnixMilli(e.ConnectedAt)}
+		var seen int64
+		if _, err := fmt.Sscanf(busy.Val()[id], "%d %d", &w.InFlight, &seen); err == nil {
+			w.LastSeenAt = time.UnixMilli(seen)
+		}
+		out = append(out, w)
+	}
+	slices.SortFunc(out, func(a, b Worker) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// KeyRevoked ends the leases of the tenant's workers that use the revoked
+// key at once — none of their reports can be accepted any more — so the
+// sweep gives those tasks to other workers now rather than when the leases
+// expire, and drops them from the list of workers.
+func (p *Poller) KeyRevoked(ctx context.Context, tenant uuid.UUID, keyID string) error {
+	all, err := p.Workers(ctx, tenant)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for _, w := range all {
+		if w.KeyID == keyID {
+			ids = append(ids, w.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := p.coord.ExpireLeasesOf(ctx, tenant, ids); err != nil {
+		return err
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	pipe := p.rdb.Pipeline()
+	pipe.ZRem(ctx, p.names.WorkersLive(tenant), members...)
+	pipe.HDel(ctx, p.names.Workers(tenant), ids...)
+	pipe.HDel(ctx, p.names.WorkersBusy(tenant), ids...)
+	_, err = pipe.Exec(ctx)
+	return err
+}
