@@ -33,9 +33,11 @@ bench: services build
 migrate: services build
 	./$(BIN) migrate
 
-## generate: regenerate gqlgen code from graph/*.graphqls
+## generate: regenerate gqlgen code from graph/*.graphqls, the published schema and the SDK client
 generate:
 	$(GO) tool gqlgen generate
+	bash scripts/schema-sdl.sh > sdk/schema.graphql
+	$(GO) tool genqlient sdk/client/genqlient.yaml
 
 ## lint: gofmt, go vet, and generated code up to date
 lint:

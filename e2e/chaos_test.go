@@ -83,7 +83,11 @@ func lb(backends []string) http.Handler {
 		body, _ := io.ReadAll(r.Body)
 		start := int(next.Add(1))
 		for i := range backends {
-			req, _ := http.NewRequestWithContext(r.Context(), r.Method, backends[(start+i)%len(backends)]+r.URL.Path, bytes.NewReader(body))
+			backend := backends[(start+i)%len(backends)]
+			if track, ok := r.Context().Value(trackKey{}).(func(string)); ok {
+				track(backend)
+			}
+			req, _ := http.NewRequestWithContext(r.Context(), r.Method, backend+r.URL.Path, bytes.NewReader(body))
 			req.Header = r.Header.Clone()
 			resp, err := client.Do(req)
 			if err != nil {

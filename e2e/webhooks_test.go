@@ -19,6 +19,7 @@ import (
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 )
@@ -133,9 +134,9 @@ func TestWebhooksThroughTheAPI(t *testing.T) {
 	apptest.Eventually(t, "both endpoints to be called", 15*time.Second, func() bool { return a1.count() == 1 && a2.count() == 1 })
 	h1, body1 := a1.get(0)
 	h2, body2 := a2.get(0)
-	require.NoError(t, webhooks.Verify(s1, h1, body1))
-	require.NoError(t, webhooks.Verify(s2, h2, body2))
-	require.ErrorIs(t, webhooks.Verify(s1, h2, body2), webhooks.ErrNoMatch, "each endpoint has its own secret")
+	require.NoError(t, webhook.Verify(s1, h1, body1))
+	require.NoError(t, webhook.Verify(s2, h2, body2))
+	require.ErrorIs(t, webhook.Verify(s1, h2, body2), webhook.ErrNoMatch, "each endpoint has its own secret")
 	require.NotEqual(t, h1.Get("webhook-id"), h2.Get("webhook-id"))
 	var payload struct {
 		Type string
@@ -199,7 +200,7 @@ func TestWebhooksThroughTheAPI(t *testing.T) {
 	require.Equal(t, "webhook.test", ping.SendWebhookTestPing.EventType)
 	apptest.Eventually(t, "the ping", 10*time.Second, func() bool { return a1.count() == 2 })
 	h, b := a1.get(1)
-	require.NoError(t, webhooks.Verify(s1, h, b))
+	require.NoError(t, webhook.Verify(s1, h, b))
 	var rot struct {
 		RotateWebhookSecret struct {
 			Secret   string
@@ -212,8 +213,8 @@ func TestWebhooksThroughTheAPI(t *testing.T) {
 	sys.GraphQL(owner, `mutation($id: ID!) { sendWebhookTestPing(endpointId: $id) { id } }`, map[string]any{"id": ep1}).Decode(t, &ping)
 	apptest.Eventually(t, "the second ping", 10*time.Second, func() bool { return a1.count() == 3 })
 	h, b = a1.get(2)
-	require.NoError(t, webhooks.Verify(s1, h, b), "the old secret during the grace period")
-	require.NoError(t, webhooks.Verify(rot.RotateWebhookSecret.Secret, h, b))
+	require.NoError(t, webhook.Verify(s1, h, b), "the old secret during the grace period")
+	require.NoError(t, webhook.Verify(rot.RotateWebhookSecret.Secret, h, b))
 
 	var dis struct {
 		DisableWebhookEndpoint struct {
@@ -295,7 +296,7 @@ func TestWebhookRelayKilledMidDelivery(t *testing.T) {
 	h2, b2 := sink.get(1)
 	require.Equal(t, h1.Get("webhook-id"), h2.Get("webhook-id"))
 	require.Equal(t, b1, b2)
-	require.NoError(t, webhooks.Verify(secret, h2, b2))
+	require.NoError(t, webhook.Verify(secret, h2, b2))
 
 	rows, err := env.System.Query(ctx, `SELECT a.attempt, a.status_code, coalesce(a.error, '') FROM webhook_attempts a
 		JOIN webhook_deliveries d ON d.tenant_id = a.tenant_id AND d.id = a.delivery_id WHERE d.run_id = $1 ORDER BY a.attempt`, run)

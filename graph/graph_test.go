@@ -22,6 +22,8 @@ import (
 	"github.com/vektah/gqlparser/v2/ast"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
@@ -73,6 +75,10 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 	var ping struct{ SendWebhookTestPing struct{ ID string } }
 	sys.GraphQL(w.owner, `mutation($e: ID!) { sendWebhookTestPing(endpointId: $e) { id } }`, map[string]any{"e": w.endpoint}).Decode(t, &ping)
 	w.delivery = ping.SendWebhookTestPing.ID
+	// A connected worker of the tenant (a poll with no free slot registers it).
+	_, err := sys.Server.Poller.Poll(context.Background(), taskpoll.Caller{Tenant: tenant, KeyID: "k"}, taskapi.PollRequest{
+		WorkerID: "worker-" + tenant.String(), PollID: "p1", Queues: []string{"default"}, Handlers: []string{"work"}, Capacity: 4, TTLMillis: 30_000})
+	require.NoError(t, err)
 	return w
 }
 
@@ -231,11 +237,15 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	assert.Len(t, eps.WebhookEndpoints[0].Secrets, 1, "B rotated A's secret")
 	// B's lists contain nothing of A's.
 	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
-		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } }`, nil)
+		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } workers { id } }`, nil)
 	require.Empty(t, res.Errors)
 	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery} {
 		assert.NotContains(t, string(res.Data), id)
 	}
+	var ws struct{ Workers []struct{ ID string } }
+	sys.GraphQL(b.viewer, `{ workers { id } }`, nil).Decode(t, &ws)
+	require.Len(t, ws.Workers, 1, "a viewer sees its tenant's workers, and only those")
+	assert.Equal(t, "worker-"+b.id.String(), ws.Workers[0].ID)
 }
 
 func TestRolesLimitWhatAPrincipalMayDo(t *testing.T) {

@@ -73,6 +73,7 @@ func complexity() ComplexityRoot {
 	c.Query.Workflows = func(child int, first *int, _ *string) int { return 1 + page(first)*child }
 	c.Query.APIKeys = func(child int) int { return 1 + 50*child }
 	c.Query.Members = func(child int) int { return 1 + 50*child }
+	c.Query.Workers = func(child int) int { return 1 + 100*child }
 	c.Run.Tasks = func(child int) int { return 1 + 20*child }
 	c.Run.Timeline = func(child int, first *int) int {
 		if first == nil {

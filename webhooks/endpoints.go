@@ -15,6 +15,7 @@ import (
 
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -203,7 +204,7 @@ func (s Service) Create(ctx context.Context, tx *tenants.Tx, p CreateParams) (En
 }
 
 func (s Service) addSecret(ctx context.Context, tx *tenants.Tx, endpoint uuid.UUID) (string, error) {
-	secret, key := NewSecret()
+	secret, key := webhook.NewSecret()
 	sid := uuid.Must(uuid.NewV7())
 	if _, err := tx.Exec(ctx, `INSERT INTO webhook_secrets (tenant_id, endpoint_id, id, ciphertext) VALUES ($1, $2, $3, $4)`,
 		tx.Tenant, endpoint, sid, s.Keys.Seal(key, tx.Tenant, endpoint, sid)); err != nil {

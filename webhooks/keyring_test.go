@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/webhooks"
 )
 
@@ -21,7 +22,7 @@ func TestKeyringSealsPerRowAndRotates(t *testing.T) {
 	k1, k2 := newKey(), newKey()
 	old, err := webhooks.ParseKeyring([]string{k1})
 	require.NoError(t, err)
-	_, secret := webhooks.NewSecret()
+	_, secret := webhook.NewSecret()
 	tn, ep, id := uuid.New(), uuid.New(), uuid.New()
 	sealed := old.Seal(secret, tn, ep, id)
 	require.NotContains(t, string(sealed), string(secret))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -365,7 +366,7 @@ func (r *Relay) send(ctx context.Context, c claimed) outcome {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "Composer-Webhooks/1")
-	Headers(req.Header, MessageID(c.id), time.Now(), body, c.keys...)
+	webhook.Headers(req.Header, MessageID(c.id), time.Now(), body, c.keys...)
 	start := time.Now()
 	resp, err := r.client.Do(req)
 	o := outcome{latencyMs: int(time.Since(start).Milliseconds())}

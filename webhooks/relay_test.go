@@ -24,6 +24,7 @@ import (
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/ssrf"
+	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 )
@@ -190,7 +191,7 @@ func TestRetriesUntilSuccessWithTheSameID(t *testing.T) {
 	require.Equal(t, "answer 4", *d.Attempts[3].ResponseBody)
 	for _, q := range reqs {
 		require.Equal(t, d.WebhookID(), q.header.Get("webhook-id"))
-		require.NoError(t, webhooks.Verify(secret, q.header, q.body))
+		require.NoError(t, webhook.Verify(secret, q.header, q.body))
 		require.Equal(t, d.Payload, string(q.body))
 	}
 	gap1, gap2, gap3 := reqs[1].at.Sub(reqs[0].at), reqs[2].at.Sub(reqs[1].at), reqs[3].at.Sub(reqs[2].at)
@@ -416,8 +417,8 @@ func TestRotationSignsWithBothSecretsDuringGrace(t *testing.T) {
 	f.pump(r, "delivery", func() bool { return f.only(run).State == webhooks.StateSucceeded })
 	q := rc.requests()[0]
 	require.Len(t, splitSigs(q.header), 2)
-	require.NoError(t, webhooks.Verify(oldSecret, q.header, q.body))
-	require.NoError(t, webhooks.Verify(newSecret, q.header, q.body))
+	require.NoError(t, webhook.Verify(oldSecret, q.header, q.body))
+	require.NoError(t, webhook.Verify(newSecret, q.header, q.body))
 
 	// The grace period ends: only the new secret signs.
 	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
@@ -428,8 +429,8 @@ func TestRotationSignsWithBothSecretsDuringGrace(t *testing.T) {
 	f.pump(r, "delivery", func() bool { return f.only(run2).State == webhooks.StateSucceeded })
 	q = rc.requests()[1]
 	require.Len(t, splitSigs(q.header), 1)
-	require.NoError(t, webhooks.Verify(newSecret, q.header, q.body))
-	require.ErrorIs(t, webhooks.Verify(oldSecret, q.header, q.body), webhooks.ErrNoMatch)
+	require.NoError(t, webhook.Verify(newSecret, q.header, q.body))
+	require.ErrorIs(t, webhook.Verify(oldSecret, q.header, q.body), webhook.ErrNoMatch)
 
 	// Secrets are sealed at rest and unreadable to the app role.
 	var n int

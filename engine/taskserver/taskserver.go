@@ -42,14 +42,15 @@ type Caller struct {
 }
 
 // Authenticator resolves the caller of a request, or fails with an
-// Unauthenticated error.
-type Authenticator func(r *http.Request) (Caller, error)
+// Unauthenticated error. fresh asks it to bypass any cache of recent
+// authentications (a held poll checking its key was not revoked).
+type Authenticator func(r *http.Request, fresh bool) (Caller, error)
 
 // PlatformToken authenticates platform workers by a shared secret, compared
 // in constant time against its hash (the plain token is not kept).
 func PlatformToken(token string) Authenticator {
 	want := sha256.Sum256([]byte(token))
-	return func(r *http.Request) (Caller, error) {
+	return func(r *http.Request, _ bool) (Caller, error) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {
 			return Caller{}, errs.E(errs.Unauthenticated, "a worker credential is required (Authorization: Bearer <token>)")
@@ -94,13 +95,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		caller, err := s.auth(r)
+		caller, err := s.auth(r, false)
 		if err != nil {
 			s.writeError(w, err)
 			return
 		}
 		caller.recheck = func(ctx context.Context) error {
-			_, err := s.auth(r.WithContext(ctx))
+			_, err := s.auth(r.WithContext(ctx), true)
 			return err
 		}
 		var in In

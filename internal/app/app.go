@@ -264,6 +264,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			Webhooks: s.Webhooks, Workers: s.Poller, Log: d.Log.Named("graphql")},
 		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
+	s.Mux.Handle("GET /schema.graphql", graph.SchemaHandler())
 	if d.Cfg.Dev {
 		s.Mux.Handle("GET /playground", graph.Playground("/graphql"))
 	}

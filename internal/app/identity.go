@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -113,14 +114,26 @@ func DevToken(ctx context.Context, d *Deps, tenant uuid.UUID, subject string, ro
 // token (compared in constant time against its hash), a tenant's own
 // workers by an API key with the worker (or admin) scope, bound to that
 // tenant.
+//
+// A tenant worker authenticates every call — a report per step — so a
+// successful key authentication is remembered for workerKeyCacheTTL,
+// keyed by the hash of the whole presented key (a wrong secret never
+// matches): a revoked key keeps working for at most that long, well
+// within a heartbeat interval, and a held poll re-checks its key fresh
+// before it leases anything.
 func WorkerAuth(platformToken string, authn *auth.Authenticator) taskserver.Authenticator {
 	want := sha256.Sum256([]byte(platformToken))
-	return func(r *http.Request) (taskserver.Caller, error) {
+	cache := &keyCache{m: map[[32]byte]cachedCaller{}}
+	return func(r *http.Request, fresh bool) (taskserver.Caller, error) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {
 			return taskserver.Caller{}, errs.E(errs.Unauthenticated, "a worker credential is required (Authorization: Bearer <token>)")
 		}
+		got := sha256.Sum256([]byte(token))
 		if strings.HasPrefix(token, auth.APIKeyPrefix) && authn != nil {
+			if c, ok := cache.get(got); ok && !fresh {
+				return c, nil
+			}
 			p, err := authn.APIKey(r.Context(), token)
 			if err != nil {
 				return taskserver.Caller{}, err
@@ -128,12 +141,45 @@ func WorkerAuth(platformToken string, authn *auth.Authenticator) taskserver.Auth
 			if !slices.Contains(p.Scopes, auth.ScopeWorker) && !slices.Contains(p.Scopes, auth.ScopeAdmin) {
 				return taskserver.Caller{}, errs.E(errs.Forbidden, "this API key lacks the worker scope")
 			}
-			return taskserver.Caller{Tenant: p.TenantID, Name: "key:" + p.Subject, KeyID: p.Subject}, nil
+			c := taskserver.Caller{Tenant: p.TenantID, Name: "key:" + p.Subject, KeyID: p.Subject}
+			cache.put(got, c)
+			return c, nil
 		}
-		got := sha256.Sum256([]byte(token))
 		if platformToken == "" || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 			return taskserver.Caller{}, errs.E(errs.Unauthenticated, "invalid worker credential")
 		}
 		return taskserver.Caller{Platform: true, Name: "platform"}, nil
 	}
+}
+
+// workerKeyCacheTTL is how long a worker's key authentication is reused.
+const workerKeyCacheTTL = time.Second
+
+type keyCache struct {
+	mu sync.Mutex
+	m  map[[32]byte]cachedCaller
+}
+
+type cachedCaller struct {
+	c       taskserver.Caller
+	expires time.Time
+}
+
+func (k *keyCache) get(h [32]byte) (taskserver.Caller, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e, ok := k.m[h]
+	if !ok || time.Now().After(e.expires) {
+		return taskserver.Caller{}, false
+	}
+	return e.c, true
+}
+
+func (k *keyCache) put(h [32]byte, c taskserver.Caller) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.m) >= 10_000 {
+		clear(k.m) // bounded; a miss only costs a lookup
+	}
+	k.m[h] = cachedCaller{c: c, expires: time.Now().Add(workerKeyCacheTTL)}
 }

@@ -282,32 +282,52 @@ func Eventually(t testing.TB, what string, timeout time.Duration, cond func() bo
 }
 
 var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
+	buildMu sync.Mutex
+	built   = map[string]*buildResult{}
 )
+
+type buildResult struct {
+	once sync.Once
+	path string
+	err  error
+}
 
 // Binary builds cmd/composer once per test process and returns its path,
 // for tests that run and kill real processes.
 func Binary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	return Build(t, "./cmd/composer")
+}
+
+// Build builds the main package at pkg (a path relative to the module
+// root, e.g. "./examples/worker") once per test process and returns the
+// binary's path.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	buildMu.Lock()
+	b := built[pkg]
+	if b == nil {
+		b = &buildResult{}
+		built[pkg] = b
+	}
+	buildMu.Unlock()
+	b.once.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
 		dir, err := os.MkdirTemp("", "composer-bin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "composer")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/composer")
+		b.path = filepath.Join(dir, filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", b.path, pkg)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
 	})
-	require.NoError(t, buildErr)
-	return binPath
+	require.NoError(t, b.err)
+	return b.path
 }
 
 // ProcessEnv is the environment that points a composer process at this

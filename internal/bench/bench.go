@@ -327,6 +327,13 @@ type counters struct {
 
 func (e *env) counters(ctx context.Context) (counters, error) {
 	var c counters
+	// Backends publish their statistics when idle, at most once a second
+	// and otherwise up to ten seconds later; a backend that exits publishes
+	// at once. So the pools' connections are closed first (they reconnect
+	// on demand), and the statistics read a moment later are complete.
+	e.deps.DB.App.Reset()
+	e.deps.DB.System.Reset()
+	time.Sleep(300 * time.Millisecond)
 	err := e.deps.DB.System.QueryRow(ctx, `SELECT xact_commit, pg_current_wal_lsn()::text FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.commits, &c.walLSN)
 	if err != nil {
 		return c, err
@@ -346,8 +353,6 @@ func (e *env) counters(ctx context.Context) (counters, error) {
 }
 
 func (e *env) cost(ctx context.Context, before counters, steps int, r *Result) error {
-	// pg_stat_database is updated asynchronously by backends; give it a moment.
-	time.Sleep(1500 * time.Millisecond)
 	after, err := e.counters(ctx)
 	if err != nil {
 		return err

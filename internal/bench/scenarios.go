@@ -36,8 +36,8 @@ const (
 )
 
 // All lists every scenario in the order they run.
-var All = []string{ChainsK1, ChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream, CeilingStream,
-	GraphQLRuns, NoisyNeighbour}
+var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
+	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -65,6 +65,12 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runChains(ctx, o, &rep, name, 1, 20, n(600))
 		case ChainsK16:
 			r, err = runChains(ctx, o, &rep, name, 16, 20, n(6000))
+		case SDKChainsK1:
+			r, err = runSDKChains(ctx, o, &rep, name, 1, 20, n(600))
+		case SDKChainsK16:
+			r, err = runSDKChains(ctx, o, &rep, name, 16, 20, n(6000))
+		case SDKIdle:
+			r, err = runSDKIdle(ctx, o, &rep, 500, 30*time.Second)
 		case ChainsK64:
 			r, err = runChains(ctx, o, &rep, name, 64, 20, n(6000))
 		case FanOut:
@@ -107,6 +113,20 @@ func Run(ctx context.Context, o Options) (Report, error) {
 				r.Extra = map[string]any{}
 			}
 			r.Extra["of_ceiling"] = fmt.Sprintf("%.0f%%", 100*r.StepsPerSec/ceiling)
+		}
+	}
+	// Tenant workers against the platform's, in the same run.
+	byName := map[string]Result{}
+	for _, r := range rep.Results {
+		byName[r.Scenario] = r
+	}
+	for i := range rep.Results {
+		r := &rep.Results[i]
+		if base, ok := byName[strings.TrimPrefix(r.Scenario, "sdk-")]; ok && r.Scenario != base.Scenario && base.StepsPerSec > 0 {
+			if r.Extra == nil {
+				r.Extra = map[string]any{}
+			}
+			r.Extra["vs_"+base.Scenario] = fmt.Sprintf("%.2fx", r.StepsPerSec/base.StepsPerSec)
 		}
 	}
 	if o.Out != "" {

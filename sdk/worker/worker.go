@@ -105,6 +105,10 @@ type Options struct {
 	NoSignals bool
 }
 
+// reportGrace is how long cancelled handlers get to return and have their
+// failures reported before Run gives up on them.
+const reportGrace = 5 * time.Second
+
 // eagerWindow bounds how long one slot keeps taking a run's next tasks
 // with its results before it asks for work like everyone else, so one
 // long chain cannot keep a slot from the tenant's other runs.
@@ -251,18 +255,25 @@ func (w *Worker) Run(ctx context.Context) error {
 	cancelPoll()
 	done := make(chan struct{})
 	go func() { w.running.Wait(); close(done) }()
+	grace := reportGrace
 	if errors.Is(err, ErrUnauthorized) {
 		// Nothing this worker reports can be accepted any more.
 		cancelExec(ErrUnauthorized)
-		<-done
+		grace = time.Second
 	} else {
 		select {
 		case <-done:
 		case <-time.After(w.opts.ShutdownTimeout):
 			w.log.Warn("shutdown deadline passed; cancelling running handlers")
 			cancelExec(ErrShutdown)
-			<-done
 		}
+	}
+	select {
+	case <-done:
+	case <-time.After(grace):
+		// A handler that ignores its context cannot hold the process:
+		// its lease expires and the task is retried elsewhere.
+		w.log.Warn("handlers ignored their cancelled context; stopping without them")
 	}
 	cancelExec(ErrShutdown)
 	loops.Wait()

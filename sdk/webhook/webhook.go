@@ -1,16 +1,13 @@
-// Package webhooks calls tenants back when their runs finish.
+// Package webhook signs and verifies Composer's webhook callbacks, which
+// follow the Standard Webhooks specification: every request carries
+// webhook-id (the same on every retry: deduplicate on it),
+// webhook-timestamp and webhook-signature ("v1,<base64 HMAC-SHA256 of
+// id.timestamp.body>", several while a rotated secret is in its grace
+// period).
 //
-// Endpoints are per tenant (row-level security), each with signing secrets
-// sealed at rest (Keyring). The transaction that makes a run terminal
-// inserts one delivery per subscribed endpoint (Hook), so a delivery exists
-// if and only if the terminal state committed. The Relay, on every
-// replica, claims due deliveries with FOR UPDATE SKIP LOCKED and POSTs them
-// with the Standard Webhooks headers (webhook-id, webhook-timestamp,
-// webhook-signature) through the SSRF-safe transport, retrying failures on
-// a schedule with jitter until it is spent.
-//
-// Receivers written in Go check a request with Verify.
-package webhooks
+// A receiver checks a request with Verify. The package depends on the
+// standard library only, so a receiver links nothing of the server.
+package webhook
 
 import (
 	"crypto/hmac"
@@ -37,11 +34,11 @@ const DefaultTolerance = 5 * time.Minute
 
 // Errors returned by Verify; wrap-checked with errors.Is.
 var (
-	ErrMissingHeaders   = errors.New("webhooks: missing webhook-id, webhook-timestamp or webhook-signature header")
-	ErrInvalidTimestamp = errors.New("webhooks: webhook-timestamp is not a unix time")
-	ErrTimestampSkew    = errors.New("webhooks: webhook-timestamp is outside the tolerance")
-	ErrNoMatch          = errors.New("webhooks: no signature matches")
-	ErrInvalidSecret    = errors.New("webhooks: invalid secret")
+	ErrMissingHeaders   = errors.New("webhook: missing webhook-id, webhook-timestamp or webhook-signature header")
+	ErrInvalidTimestamp = errors.New("webhook: webhook-timestamp is not a unix time")
+	ErrTimestampSkew    = errors.New("webhook: webhook-timestamp is outside the tolerance")
+	ErrNoMatch          = errors.New("webhook: no signature matches")
+	ErrInvalidSecret    = errors.New("webhook: invalid secret")
 )
 
 // NewSecret returns a fresh signing secret ("whsec_…") and its key bytes.
@@ -98,7 +95,7 @@ func Headers(h http.Header, id string, ts time.Time, body []byte, keys ...[]byte
 // as received, before any JSON parsing.
 //
 //	body, _ := io.ReadAll(r.Body)
-//	if err := webhooks.Verify(os.Getenv("COMPOSER_WEBHOOK_SECRET"), r.Header, body); err != nil {
+//	if err := webhook.Verify(os.Getenv("COMPOSER_WEBHOOK_SECRET"), r.Header, body); err != nil {
 //		http.Error(w, "bad signature", http.StatusUnauthorized)
 //		return
 //	}
