@@ -103,8 +103,8 @@ type AttemptReport struct {
 // (tenants.Slots).
 type SlotGate interface {
 	// Acquire takes a permit per member while the tenant holds fewer than
-	// limit; it reports which members got one and how many are held.
-	Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]bool, int, error)
+	// limit; it reports what it did for each member and how many are held.
+	Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]tenants.Permit, int, error)
 	Renew(ctx context.Context, tenant uuid.UUID, ttl time.Duration, members []string) error
 	Release(ctx context.Context, tenant uuid.UUID, members []string) error
 	// ReleaseLater is Release in the background, batched.

@@ -81,9 +81,9 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		idx[r.TaskID] = append(idx[r.TaskID], i)
 	}
 	var q Quota
-	permitted := make([]bool, len(reqs))
-	for i := range permitted {
-		permitted[i] = true
+	permits := make([]tenants.Permit, len(reqs))
+	for i := range permits {
+		permits[i] = tenants.PermitHeld // no quota: nothing to take or give back
 	}
 	var members []string
 	permitsAt := time.Now() // no earlier than the permits' own clock reading, less any skew
@@ -97,7 +97,7 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 			for i, r := range reqs {
 				members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
 			}
-			if permitted, q.Running, err = c.opts.Slots.Acquire(ctx, tenant, limit, ttl, members); err != nil {
+			if permits, q.Running, err = c.opts.Slots.Acquire(ctx, tenant, limit, ttl, members); err != nil {
 				return nil, Quota{}, err
 			}
 			q.Limit = limit
@@ -108,7 +108,7 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 	// as a generic plan, as a join over every pending task of the tenant.)
 	b := &pgx.Batch{}
 	for i, r := range reqs {
-		if !permitted[i] {
+		if !permits[i].Granted() {
 			continue
 		}
 		b.Queue(`UPDATE task_instances t
@@ -133,8 +133,11 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		}
 	}
 	if members != nil {
-		// Permits whose lease was not granted go back (all of them when the
-		// transaction failed).
+		// Permits this call took whose lease was not granted go back (all
+		// of them when the transaction failed). A permit the member already
+		// held stays: it is a live lease's — this owner asked again for a
+		// task it holds (a duplicate message) — and giving it back would let
+		// another task run in that lease's place.
 		kept := map[string]bool{}
 		for i, m := range members {
 			if err == nil && out[i].Acquired {
@@ -143,7 +146,7 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		}
 		var unused []string
 		for i, m := range members {
-			if permitted[i] && !kept[m] {
+			if permits[i] == tenants.PermitTaken && !kept[m] {
 				kept[m] = true // once: a duplicate request named the same permit
 				unused = append(unused, m)
 			}
@@ -322,8 +325,11 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 	}
 	b := &pgx.Batch{}
 	for i, r := range reqs {
+		// An expired lease is not renewed, even before the sweep has taken
+		// it: its quota permit has lapsed and may be another task's now.
 		b.Queue(`UPDATE task_instances SET lease_expires_at = now() + make_interval(secs => $6)
 			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
+			   AND lease_expires_at > now()
 			RETURNING lease_expires_at`, tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
 			var exp time.Time
 			_, err := pgx.ForEachRow(rows, []any{&exp}, func() error {

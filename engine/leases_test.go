@@ -61,3 +61,30 @@ func TestPermitOutlivesALateLease(t *testing.T) {
 	permitExpiry := time.UnixMilli(int64(score))
 	assert.True(t, permitExpiry.After(res.leases[0].ExpiresAt), "permit lapses at %s, lease at %s", permitExpiry, res.leases[0].ExpiresAt)
 }
+
+// TestDuplicateAcquireKeepsTheLivePermit: the owner of a live lease asks
+// for the same task again (a duplicate message): the lease is not granted
+// twice, and the permit stays with the live lease — giving it back would
+// let another task run in that lease's place, over the quota.
+func TestDuplicateAcquireKeepsTheLivePermit(t *testing.T) {
+	t.Parallel()
+	f, slots := newQuotaFixture(t, 1)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`)
+	first, second := f.start(wf, `{}`), f.start(wf, `{}`)
+	a := f.lease(first, "a", "w1", time.Minute)
+
+	ls, q, err := f.c.AcquireLeases(ctx, f.tenant, "w1", time.Minute, []LeaseRequest{{RunID: first, TaskID: a.ID, Attempt: 1}})
+	require.NoError(t, err)
+	assert.False(t, ls[0].Acquired, "a duplicate gets no second lease")
+	assert.Equal(t, 1, q.Running)
+	held, err := slots.Held(ctx, f.tenant)
+	require.NoError(t, err)
+	assert.Equal(t, 1, held, "the live lease keeps its permit")
+
+	other := f.mustTask(second, "a")
+	ls, q, err = f.c.AcquireLeases(ctx, f.tenant, "w2", time.Minute, []LeaseRequest{{RunID: second, TaskID: other.ID, Attempt: 1}})
+	require.NoError(t, err)
+	assert.False(t, ls[0].Acquired, "another task waits: the quota of 1 is held")
+	assert.True(t, q.Full())
+}

@@ -50,7 +50,8 @@ func SlotMember(task uuid.UUID, attempt int, owner string) string {
 }
 
 // acquireScript: KEYS[1] the set; ARGV: limit, ttl ms, members. Returns
-// the permits held after the call, then 1/0 per member.
+// the permits held after the call, then per member 1 (taken), 2 (already
+// held: refreshed) or 0 (refused).
 var acquireScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -62,7 +63,7 @@ local out = {0}
 for i = 3, #ARGV do
   if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
-    out[#out + 1] = 1
+    out[#out + 1] = 2
   elseif n < limit then
     redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
     n = n + 1
@@ -111,10 +112,29 @@ return 0
 // while the first still held a live lease.
 const PermitGrace = 250 * time.Millisecond
 
+// Permit is what Acquire did for one member.
+type Permit int8
+
+// Permits.
+const (
+	// PermitRefused: the tenant holds its limit.
+	PermitRefused Permit = iota
+	// PermitTaken: a new permit.
+	PermitTaken
+	// PermitHeld: the member already held a permit (a lease it names is
+	// live, or this call named it twice); it was refreshed. Such a permit
+	// belongs to whoever took it, and is never given back on behalf of
+	// this call.
+	PermitHeld
+)
+
+// Granted reports whether the member holds a permit after the call.
+func (p Permit) Granted() bool { return p != PermitRefused }
+
 // Acquire takes a permit for each member while the tenant holds fewer than
-// limit, each valid for ttl (plus PermitGrace). It reports which members
-// got one and how many the tenant holds now.
-func (s *Slots) Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]bool, int, error) {
+// limit, each valid for ttl (plus PermitGrace). It reports what it did for
+// each member and how many permits the tenant holds now.
+func (s *Slots) Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl time.Duration, members []string) ([]Permit, int, error) {
 	args := make([]any, 0, len(members)+2)
 	args = append(args, limit, (ttl + PermitGrace).Milliseconds())
 	for _, m := range members {
@@ -127,11 +147,11 @@ func (s *Slots) Acquire(ctx context.Context, tenant uuid.UUID, limit int, ttl ti
 	if len(res) != len(members)+1 {
 		return nil, 0, fmt.Errorf("running-task quota: %d answers for %d members", len(res)-1, len(members))
 	}
-	granted := make([]bool, len(members))
+	out := make([]Permit, len(members))
 	for i := range members {
-		granted[i] = res[i+1] == 1
+		out[i] = Permit(res[i+1])
 	}
-	return granted, int(res[0]), nil
+	return out, int(res[0]), nil
 }
 
 // Renew extends the members' permits (the leases were renewed).

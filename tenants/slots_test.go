@@ -43,7 +43,7 @@ func TestSlotsNeverExceedTheLimitUnderConcurrency(t *testing.T) {
 					return
 				}
 				assert.LessOrEqual(t, running, 5)
-				if !ok[0] {
+				if !ok[0].Granted() {
 					continue
 				}
 				granted.Add(1)
@@ -74,14 +74,15 @@ func TestSlotsLapseRenewAndAreIdempotent(t *testing.T) {
 	start := time.Now() // before the permits are taken: they cannot lapse sooner than TTL+grace after it
 	ok, running, err := gate.Acquire(ctx, tenant, 2, 300*time.Millisecond, []string{a, a, b, c})
 	require.NoError(t, err)
-	assert.Equal(t, []bool{true, true, true, false}, ok, "a repeated member holds one permit; the third is refused")
+	assert.Equal(t, []tenants.Permit{tenants.PermitTaken, tenants.PermitHeld, tenants.PermitTaken, tenants.PermitRefused}, ok,
+		"a repeated member holds one permit; the third is refused")
 	assert.Equal(t, 2, running)
 
 	// b is renewed, a is not: a lapses, b stays.
 	require.NoError(t, gate.Renew(ctx, tenant, 2*time.Second, []string{b}))
 	require.Eventually(t, func() bool {
 		ok, running, err = gate.Acquire(ctx, tenant, 2, time.Second, []string{c})
-		return err == nil && ok[0] && running == 2
+		return err == nil && ok[0] == tenants.PermitTaken && running == 2
 	}, 5*time.Second, 10*time.Millisecond, "a's lapsed permit is free again")
 	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond+tenants.PermitGrace, "but not before it lapsed")
 
