@@ -93,6 +93,10 @@ func TestEagerOfferTakesOnlyWhatTheWorkerRuns(t *testing.T) {
 		{"offered queue is not the reported task's", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","queue":"gpu","depends_on":["a"]}]}`,
 			&EagerOffer{Queue: "gpu", NodeTypes: []string{"noop"}, TTL: 30 * time.Second}},
 		{"not a worker node", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"sleep","sleep":{"duration":"1h"},"depends_on":["a"]}]}`, noopOffer},
+		{"a task node to a worker without handlers", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"task","task":{"handler":"charge"},"depends_on":["a"]}]}`,
+			&EagerOffer{Queue: "default", NodeTypes: []string{"noop", "task"}, TTL: 30 * time.Second}},
+		{"a task node to a worker without its handler", `{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"task","task":{"handler":"charge"},"depends_on":["a"]}]}`,
+			&EagerOffer{Queue: "default", NodeTypes: []string{"noop", "task"}, Handlers: []string{"email"}, TTL: 30 * time.Second}},
 	}
 	for _, tc := range cases {
 		run := f.start(f.workflow(tc.def), `{}`)
@@ -104,9 +108,17 @@ func TestEagerOfferTakesOnlyWhatTheWorkerRuns(t *testing.T) {
 		assert.NotEqual(t, "running", b.State, tc.name)
 	}
 
-	run := f.start(f.workflow(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","depends_on":["a"]},{"id":"c","type":"noop","depends_on":["a"]},{"id":"d","type":"noop","depends_on":["a"]}]}`), `{}`)
+	// A worker that has the handler gets the task.
+	run := f.start(f.workflow(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"task","task":{"handler":"charge"},"depends_on":["a"]}]}`), `{}`)
 	a := f.lease(run, "a", "w1", 30*time.Second)
-	ack, err := f.completeAs(run, a, "a", "w1", noopOffer)
+	ack, err := f.completeAs(run, a, "a", "w1", &EagerOffer{Queue: "default", NodeTypes: []string{"noop", "task"}, Handlers: []string{"charge"}, TTL: 30 * time.Second})
+	require.NoError(t, err)
+	require.NotNil(t, ack.Next, "the handler's worker takes its task")
+	assert.Equal(t, "b", ack.Next.NodeID)
+
+	run = f.start(f.workflow(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop","depends_on":["a"]},{"id":"c","type":"noop","depends_on":["a"]},{"id":"d","type":"noop","depends_on":["a"]}]}`), `{}`)
+	a = f.lease(run, "a", "w1", 30*time.Second)
+	ack, err = f.completeAs(run, a, "a", "w1", noopOffer)
 	require.NoError(t, err)
 	require.NotNil(t, ack.Next)
 	assert.Equal(t, 1, f.count(`SELECT count(*) FROM task_instances WHERE run_id = $1 AND state = 'running'`, run), "one task for the one slot")
