@@ -177,6 +177,9 @@ func (p *Poller) check(c Caller, r taskapi.PollRequest) (*poll, error) {
 			bad = append(bad, fmt.Sprintf("invalid handler name %q", h))
 		}
 	}
+	if len(dedupe(r.Queues))*len(dedupe(r.Handlers)) > engine.MaxWorkerHandlers {
+		bad = append(bad, fmt.Sprintf("serve at most %d queue and handler pairs", engine.MaxWorkerHandlers))
+	}
 	if r.Slots < 0 || r.Slots > MaxSlots {
 		bad = append(bad, fmt.Sprintf("slots must be between 0 and %d", MaxSlots))
 	}

@@ -276,6 +276,7 @@ func TestPollsAreValidated(t *testing.T) {
 		"queue name":    func(r *taskapi.PollRequest) { r.Queues = []string{"Bad:Queue"} },
 		"handler name":  func(r *taskapi.PollRequest) { r.Handlers = []string{"bad-name"} },
 		"many handlers": func(r *taskapi.PollRequest) { r.Handlers = many },
+		"many pairs":    func(r *taskapi.PollRequest) { r.Handlers, r.Queues = many[:50], []string{"a", "b", "c", "d", "e"} },
 		"slots":         func(r *taskapi.PollRequest) { r.Slots, r.Capacity = 5000, 5000 },
 		"ttl":           func(r *taskapi.PollRequest) { r.TTLMillis = 10 },
 		"wait":          func(r *taskapi.PollRequest) { r.WaitMillis = int64(time.Hour / time.Millisecond) },
