@@ -332,6 +332,16 @@ if n > 0 and limit > 0 then
   n = math.min(n, limit - held)
 end
 local out = {0}
+local function take(key, entries)
+  for _, e in ipairs(entries) do
+    if e[2] then -- (a deleted entry has no fields)
+      out[#out + 1] = key
+      out[#out + 1] = e[1]
+      out[#out + 1] = e[2]
+      n = n - 1
+    end
+  end
+end
 for i = 5, #KEYS do
   if n <= 0 then break end
   local key = KEYS[i]
@@ -344,25 +354,11 @@ for i = 5, #KEYS do
         return redis.error_reply(r.err)
       end
     else
-      for _, e in ipairs(r[2]) do
-        if e[2] then
-          out[#out + 1] = key
-          out[#out + 1] = e[1]
-          out[#out + 1] = e[2]
-          n = n - 1
-        end
-      end
+      take(key, r[2])
     end
     if n > 0 then
       local x = redis.call('XREADGROUP', 'GROUP', ARGV[8], ARGV[9], 'COUNT', n, 'STREAMS', key, '>')
-      if x then
-        for _, e in ipairs(x[1][2]) do
-          out[#out + 1] = key
-          out[#out + 1] = e[1]
-          out[#out + 1] = e[2]
-          n = n - 1
-        end
-      end
+      if x then take(key, x[1][2]) end
     end
   end
 end

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/internal/ssrf"
@@ -66,9 +67,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		case ChainsK16:
 			r, err = runChains(ctx, o, &rep, name, 16, 20, n(6000))
 		case SDKChainsK1:
-			r, err = runSDKChains(ctx, o, &rep, name, 1, 20, n(600))
+			r, err = chainScenario(ctx, o, &rep, name, 1, 20, n(600), taskStep, 16, nil, nil, true)
 		case SDKChainsK16:
-			r, err = runSDKChains(ctx, o, &rep, name, 16, 20, n(6000))
+			r, err = chainScenario(ctx, o, &rep, name, 16, 20, n(6000), taskStep, 16, nil, nil, true)
 		case SDKIdle:
 			r, err = runSDKIdle(ctx, o, &rep, 500, 30*time.Second)
 		case ChainsK64:
@@ -82,7 +83,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		case Ceiling:
 			r, err = runCeiling(ctx, o, &rep, name, true, 16, 20, n(6000))
 		case ChainsK16Stream:
-			r, err = chainScenario(ctx, o, &rep, name, 16, 20, n(6000), noopStep, 16, nil, func(c *workers.Config) { c.NoEager = true })
+			r, err = chainScenario(ctx, o, &rep, name, 16, 20, n(6000), noopStep, 16, nil, func(c *workers.Config) { c.NoEager = true }, false)
 		case CeilingStream:
 			r, err = runCeiling(ctx, o, &rep, name, false, 16, 20, n(6000))
 		case GraphQLRuns:
@@ -215,13 +216,15 @@ func (e *env) driveFor(ctx context.Context, tenant, wf uuid.UUID, k, total int) 
 }
 
 func runChains(ctx context.Context, o Options, rep *Report, name string, k, length, steps int) (Result, error) {
-	return chainScenario(ctx, o, rep, name, k, length, steps, noopStep, max(16, k), nil, nil)
+	return chainScenario(ctx, o, rep, name, k, length, steps, noopStep, max(16, k), nil, nil, false)
 }
 
 // chainScenario keeps k chains of length steps in flight until steps have
-// run, after one warm-up round, and measures them.
+// run, after one warm-up round, and measures them. With sdk the steps are
+// task nodes run by a tenant's SDK worker over the public task API (the
+// platform's worker then has nothing to do).
 func chainScenario(ctx context.Context, o Options, rep *Report, name string, k, length, steps int, step func(int) string,
-	concurrency int, executors func(*probe) map[string]workers.Executor, workerCfg func(*workers.Config)) (Result, error) {
+	concurrency int, executors func(*probe) map[string]workers.Executor, workerCfg func(*workers.Config), sdk bool) (Result, error) {
 	e, err := setup(ctx, o, func(c *workers.Config) {
 		c.Concurrency = concurrency
 		if workerCfg != nil {
@@ -234,6 +237,17 @@ func chainScenario(ctx context.Context, o Options, rep *Report, name string, k, 
 	defer e.stop()
 	if rep.Machine.CPUs == 0 {
 		rep.Machine = machine(ctx, e)
+	}
+	if sdk {
+		key, err := e.apiKey(ctx, auth.ScopeWorker)
+		if err != nil {
+			return Result{}, err
+		}
+		stop, err := e.startSDKWorker(ctx, e.url, key, concurrency)
+		if err != nil {
+			return Result{}, err
+		}
+		defer stop()
 	}
 	wf, err := e.workflow(ctx, chainDef(length, step))
 	if err != nil {
@@ -255,8 +269,10 @@ func chainScenario(ctx context.Context, o Options, rep *Report, name string, k, 
 	}
 	r := Result{Scenario: name, Steps: runs * length, Runs: runs, Seconds: took.Seconds(), StepsPerSec: float64(runs*length) / took.Seconds()}
 	r.Handoff, r.RunLatency = e.chainLatencies(starts, length)
-	// The share of steps the worker took with the previous step's report.
-	r.Extra = map[string]any{"eager": fmt.Sprintf("%.0f%%", 100*float64(e.worker.EagerStarts()-eager0)/float64(r.Steps))}
+	if !sdk {
+		// The share of steps the worker took with the previous step's report.
+		r.Extra = map[string]any{"eager": fmt.Sprintf("%.0f%%", 100*float64(e.worker.EagerStarts()-eager0)/float64(r.Steps))}
+	}
 	return r, e.cost(ctx, before, r.Steps, &r)
 }
 
@@ -388,7 +404,7 @@ func runHTTPChains(ctx context.Context, o Options, rep *Report, k, length, steps
 			p.started(t.Run, t.NodeID)
 			return httpExec.Execute(ctx, t)
 		})}
-	}, nil)
+	}, nil, false)
 }
 
 // runCeiling runs the engine's per-step SQL with the engine's transaction

@@ -61,49 +61,6 @@ func (e *env) startSDKWorker(ctx context.Context, url, key string, concurrency i
 	return func() { cancel(); <-done }, nil
 }
 
-// runSDKChains is the chain scenario with task steps run by an SDK worker
-// (the platform's worker has nothing to do): k chains of length steps in
-// flight through the public task API.
-func runSDKChains(ctx context.Context, o Options, rep *Report, name string, k, length, steps int) (Result, error) {
-	e, err := setup(ctx, o, nil, nil)
-	if err != nil {
-		return Result{}, err
-	}
-	defer e.stop()
-	if rep.Machine.CPUs == 0 {
-		rep.Machine = machine(ctx, e)
-	}
-	key, err := e.apiKey(ctx, auth.ScopeWorker)
-	if err != nil {
-		return Result{}, err
-	}
-	stop, err := e.startSDKWorker(ctx, e.url, key, max(16, k))
-	if err != nil {
-		return Result{}, err
-	}
-	defer stop()
-	wf, err := e.workflow(ctx, chainDef(length, taskStep))
-	if err != nil {
-		return Result{}, err
-	}
-	if _, _, err := e.drive(ctx, wf, k, k); err != nil { // warm up
-		return Result{}, err
-	}
-	e.probe.reset()
-	runs := max(1, steps/length)
-	before, err := e.counters(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	starts, took, err := e.drive(ctx, wf, k, runs)
-	if err != nil {
-		return Result{}, err
-	}
-	r := Result{Scenario: name, Steps: runs * length, Runs: runs, Seconds: took.Seconds(), StepsPerSec: float64(runs*length) / took.Seconds()}
-	r.Handoff, r.RunLatency = e.chainLatencies(starts, length)
-	return r, e.cost(ctx, before, r.Steps, &r)
-}
-
 // runSDKIdle measures what connected idle tenant workers cost the server:
 // a `composer server` process with no worker for a window, then with n
 // SDK workers (in this process, each with its own API key) holding their
