@@ -244,16 +244,31 @@ func (k Keys) List(ctx context.Context, tx *tenants.Tx) ([]Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
-	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) {
-		var key Key
-		err := r.Scan(&key.ID, &key.KeyID, &key.Name, &key.Scopes, &key.CreatedBy, &key.CreatedAt,
-			&key.ExpiresAt, &key.RevokedAt, &key.LastUsedAt)
-		return key, err
-	})
+	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Key, error) { return scanKey(r) })
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
 	return keys, nil
+}
+
+// Get returns one of the tenant's keys (NotFound when it has none of that
+// id).
+func (k Keys) Get(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Key, error) {
+	key, err := scanKey(tx.QueryRow(ctx, qKeyGet, tx.Tenant, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Key{}, errs.E(errs.NotFound, "API key %s not found", id)
+	}
+	if err != nil {
+		return Key{}, fmt.Errorf("get api key %s: %w", id, err)
+	}
+	return key, nil
+}
+
+func scanKey(r pgx.Row) (Key, error) {
+	var key Key
+	err := r.Scan(&key.ID, &key.KeyID, &key.Name, &key.Scopes, &key.CreatedBy, &key.CreatedAt,
+		&key.ExpiresAt, &key.RevokedAt, &key.LastUsedAt)
+	return key, err
 }
 
 // Revoke revokes a key of the tenant; the next request with it fails.

@@ -119,7 +119,7 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 			a.log().Warn("record api key use", zap.String("key_id", keyID), zap.Stringer("tenant_id", rec.tenant), zap.Error(err))
 		}
 	}
-	p := Principal{TenantID: rec.tenant, Subject: keyID, Kind: KindAPIKey, Scopes: rec.scopes}
+	p := Principal{TenantID: rec.tenant, Subject: keyID, Kind: KindAPIKey, Scopes: rec.scopes, ExpiresAt: rec.expiresAt}
 	a.succeeded(p)
 	return p, nil
 }

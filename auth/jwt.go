@@ -162,7 +162,12 @@ func (v *JWTVerifier) Verify(token string) (Principal, error) {
 	if !role.Valid() {
 		return Principal{}, errs.E(errs.Unauthenticated, "invalid token: no valid role claim")
 	}
-	return Principal{TenantID: tenant, Subject: c.Subject, Kind: KindUser, Role: role}, nil
+	out := Principal{TenantID: tenant, Subject: c.Subject, Kind: KindUser, Role: role}
+	if c.ExpiresAt != nil {
+		exp := c.ExpiresAt.Time
+		out.ExpiresAt = &exp
+	}
+	return out, nil
 }
 
 // keyFor returns the key(s) for a token whose algorithm the parser has

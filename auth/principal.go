@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -49,6 +50,9 @@ type Principal struct {
 	Role Role
 	// Scopes are the API key's scopes (KindAPIKey only).
 	Scopes []string
+	// ExpiresAt is when the credential stops working, if it expires (a
+	// token's exp, a key's expiry): a long-lived connection ends then.
+	ExpiresAt *time.Time
 }
 
 type principalKey struct{}

@@ -8,6 +8,8 @@ const (
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING created_at`
 	qKeyList = `SELECT id, key_id, name, scopes, created_by, created_at, expires_at, revoked_at, last_used_at
 		FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id`
+	qKeyGet = `SELECT id, key_id, name, scopes, created_by, created_at, expires_at, revoked_at, last_used_at
+		FROM api_keys WHERE tenant_id = $1 AND id = $2`
 	// Revoking twice keeps the first revocation time.
 	qKeyRevoke = `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE tenant_id = $1 AND id = $2`
 	qKeyLookup = `SELECT tenant_id, id, secret_hash, scopes, expires_at, revoked_at, last_used_at

@@ -29,6 +29,16 @@ type RunView struct {
 	CreatedAt       time.Time       `json:"created_at"`
 	UpdatedAt       time.Time       `json:"updated_at"`
 	FinishedAt      *time.Time      `json:"finished_at,omitempty"`
+	// Snapshot, when set, holds the run's tasks and workflow as read with
+	// it (a live update read once and given to every subscriber): readers
+	// use them rather than loading their own.
+	Snapshot *RunSnapshot `json:"-"`
+}
+
+// RunSnapshot is what a run view was read with.
+type RunSnapshot struct {
+	Tasks    []TaskView
+	Workflow Workflow
 }
 
 // TaskView is one node's task.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -531,4 +532,101 @@ func TestSubscriptionsNeedCredentialsAndAnAllowedOrigin(t *testing.T) {
 	require.Error(t, err)
 	require.NotNil(t, resp)
 	assert.Equal(t, 403, resp.StatusCode, "a page of another origin cannot open a subscription")
+}
+
+// TestNoPrincipalGrantsMoreThanItHolds attacks the grant rule through the
+// API as a tenant's own principals would: no credential or role with more
+// power than the granter's, and owner-level changes only by an owner.
+func TestNoPrincipalGrantsMoreThanItHolds(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	key := func(cred string, scopes ...string) (string, []string) {
+		var out struct {
+			CreateApiKey struct {
+				Secret string
+				ApiKey struct{ ID string }
+			}
+		}
+		res := sys.GraphQL(cred, `mutation($s: [String!]!) { createApiKey(input: {name: "k", scopes: $s}) { secret apiKey { id } } }`,
+			map[string]any{"s": scopes})
+		if len(res.Errors) > 0 {
+			return "", res.Codes()
+		}
+		res.Decode(t, &out)
+		return out.CreateApiKey.Secret, nil
+	}
+	forbidden := []string{"FORBIDDEN"}
+	admin := sys.Token(a.id, "admin@"+a.id.String(), auth.RoleAdmin)
+	owner2 := "owner2@" + a.id.String()
+	res := sys.GraphQL(a.owner, `mutation($s: String!) { addMember(subject: $s, role: OWNER) { role } }`, map[string]any{"s": owner2})
+	require.Empty(t, res.Errors, "an owner grants the owner role")
+
+	// 1. A key with only keys:manage cannot mint a broader key.
+	keysOnly, codes := key(a.owner, "keys:manage")
+	require.Nil(t, codes)
+	for _, scopes := range [][]string{{"admin"}, {"runs:write"}, {"keys:manage", "members:manage"}} {
+		_, codes := key(keysOnly, scopes...)
+		assert.Equal(t, forbidden, codes, "a keys:manage key minting %v", scopes)
+	}
+	_, codes = key(keysOnly, "keys:manage")
+	assert.Nil(t, codes, "but may mint its equal")
+
+	// 2. A members:manage key cannot add an owner, nor any role it cannot do itself.
+	membersOnly, _ := key(a.owner, "members:manage")
+	for _, role := range []string{"OWNER", "ADMIN", "VIEWER"} {
+		res := sys.GraphQL(membersOnly, `mutation($r: Role!) { addMember(subject: "x@y", role: $r) { role } }`, map[string]any{"r": role})
+		assert.Equal(t, forbidden, res.Codes(), "a members:manage key adding a %s", role)
+	}
+	viewerGranter, _ := key(a.owner, "members:manage", "runs:read", "workflows:read", "billing:read")
+	res = sys.GraphQL(viewerGranter, `mutation { addMember(subject: "v@y", role: VIEWER) { role } }`, nil)
+	assert.Empty(t, res.Errors, "a key that can do all a viewer can may add a viewer")
+
+	// 3. An admin cannot mint an admin-scope key, nor promote itself with a
+	// members:manage key it minted.
+	_, codes = key(admin, "admin")
+	assert.Equal(t, forbidden, codes, "an admin minting an admin-scope key")
+	adminsKey, codes := key(admin, "members:manage", "runs:read", "runs:write", "workflows:read", "workflows:write", "keys:manage",
+		"webhooks:manage", "billing:read", "worker")
+	require.Nil(t, codes, "an admin may mint a key of its own power")
+	res = sys.GraphQL(adminsKey, `mutation($s: String!) { changeMemberRole(subject: $s, role: OWNER) { role } }`,
+		map[string]any{"s": "admin@" + a.id.String()})
+	assert.Equal(t, forbidden, res.Codes(), "the admin's key promoting the admin to owner")
+
+	// 4. An admin cannot demote or remove an owner, nor revoke an owner-level key.
+	res = sys.GraphQL(admin, `mutation($s: String!) { changeMemberRole(subject: $s, role: VIEWER) { role } }`, map[string]any{"s": owner2})
+	assert.Equal(t, forbidden, res.Codes(), "an admin demoting an owner")
+	res = sys.GraphQL(admin, `mutation($s: String!) { removeMember(subject: $s) }`, map[string]any{"s": owner2})
+	assert.Equal(t, forbidden, res.Codes(), "an admin removing an owner")
+	var keys struct {
+		ApiKeys []struct {
+			ID     string
+			Scopes []string
+		}
+	}
+	sys.GraphQL(a.owner, `{ apiKeys { id scopes } }`, nil).Decode(t, &keys)
+	for _, k := range keys.ApiKeys {
+		if slices.Contains(k.Scopes, "admin") {
+			res = sys.GraphQL(admin, `mutation($id: ID!) { revokeApiKey(id: $id) { id } }`, map[string]any{"id": k.ID})
+			assert.Equal(t, forbidden, res.Codes(), "an admin revoking an owner-level key")
+		}
+	}
+
+	// Nothing changed: both owners are owners, and every admin-scope key is live.
+	var members struct {
+		Members []struct{ Subject, Role string }
+	}
+	sys.GraphQL(a.owner, `{ members { subject role } }`, nil).Decode(t, &members)
+	owners := 0
+	for _, m := range members.Members {
+		if m.Role == "OWNER" {
+			owners++
+		}
+	}
+	assert.Equal(t, 2, owners)
+
+	// An owner can do all of it.
+	res = sys.GraphQL(a.owner, `mutation($s: String!) { changeMemberRole(subject: $s, role: ADMIN) { role } }`, map[string]any{"s": owner2})
+	assert.Empty(t, res.Errors)
+	_, codes = key(a.owner, "admin")
+	assert.Nil(t, codes)
 }

@@ -29,6 +29,48 @@ func (r *Resolver) run(ctx context.Context, id uuid.UUID) (*engine.RunView, erro
 	return &run, nil
 }
 
+// snapshot reads a run with its tasks and workflow in the tenant's scope,
+// for every live subscriber of the tenant on this replica at once (each
+// was authorized when it subscribed and checks its credential before a
+// push).
+func (r *Resolver) snapshot(ctx context.Context, tenant, id uuid.UUID) (*engine.RunView, error) {
+	var run engine.RunView
+	err := r.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		var err error
+		if run, err = engine.GetRun(ctx, tx, id); err != nil {
+			return err
+		}
+		snap := &engine.RunSnapshot{}
+		if snap.Tasks, err = engine.TasksOfRuns(ctx, tx, []uuid.UUID{id}); err != nil {
+			return err
+		}
+		if snap.Tasks == nil {
+			snap.Tasks = []engine.TaskView{}
+		}
+		wfs, err := engine.WorkflowsByID(ctx, tx, []uuid.UUID{run.WorkflowID})
+		if err != nil {
+			return err
+		}
+		snap.Workflow = wfs[run.WorkflowID]
+		run.Snapshot = snap
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &run, nil
+}
+
+// subscriber names a principal for the live subscription caps.
+func subscriber(p auth.Principal) string { return string(p.Kind) + ":" + p.Subject }
+
+// pushable re-validates the connection's credential before a push (at
+// most once a second); false once it failed, which closed the socket.
+func pushable(ctx context.Context) bool {
+	s := sessionFrom(ctx)
+	return s == nil || s.check(ctx) == nil
+}
+
 func (r *Resolver) tenant(ctx context.Context) (*tenants.Tenant, error) {
 	p, err := principal(ctx)
 	if err != nil {
@@ -43,18 +85,6 @@ func (r *Resolver) tenant(ctx context.Context) (*tenants.Tenant, error) {
 		return nil, err
 	}
 	return &t, nil
-}
-
-// mayGrant stops an admin from making owners: only owners grant ownership.
-func mayGrant(ctx context.Context, role model.Role) error {
-	p, err := principal(ctx)
-	if err != nil {
-		return err
-	}
-	if role == model.RoleOwner && p.Kind == auth.KindUser && p.Role != auth.RoleOwner {
-		return errs.E(errs.Forbidden, "only an owner can grant the owner role")
-	}
-	return nil
 }
 
 func authRole(r model.Role) auth.Role { return auth.Role(strings.ToLower(string(r))) }

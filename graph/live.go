@@ -10,27 +10,54 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/internal/errs"
 )
 
 // Live carries committed run changes to subscriptions on every gateway
 // replica: the process that commits a transition publishes it (after
 // commit) on a per-tenant Redis channel; each replica subscribes to the
-// channels of the tenants it has subscribers for and fans changes out.
-// Changes name the run, not its content: subscribers read the run through
-// their own authorization, so nothing crosses a tenant boundary by
-// construction. Delivery is best effort (a dropped change is corrected by
-// the next one, or by a refetch); the database stays the truth.
+// channels of the tenants it has subscribers for. A change names the run,
+// never its content. When one arrives, the replica reads the run — with
+// its tasks and workflow — once, in the tenant's own scope, and hands that
+// snapshot to every subscriber of the tenant that wants it: one read per
+// changed run per replica, however many subscribers. (Changes to a run
+// arriving while it is being read are folded into one more read, so a
+// burst costs two.) Each subscriber checks its own connection's credential
+// before it pushes. Delivery is best effort (a missed change is corrected
+// by the next one, or a refetch); the database stays the truth.
+//
+// Subscriptions are capped per connection, per principal and per tenant
+// on each replica (LiveLimits): past a cap, a new one is QUOTA_EXCEEDED.
 type Live struct {
-	rdb redis.UniversalClient
-	ns  string
-	log *zap.Logger
-	out chan Change
+	rdb    redis.UniversalClient
+	ns     string
+	log    *zap.Logger
+	out    chan Change
+	limits LiveLimits
+	// read reads a run for a tenant's subscribers (set by the resolver).
+	read  func(ctx context.Context, tenant, run uuid.UUID) (*engine.RunView, error)
+	reads chan struct{} // bounds the reads in flight
 
-	mu     sync.Mutex
-	ps     *redis.PubSub
-	subs   map[uuid.UUID]map[chan Change]struct{}
-	closed bool
+	mu      sync.Mutex
+	ps      *redis.PubSub
+	ctx     context.Context
+	tenants map[uuid.UUID]*tenantSubs
+	closed  bool
 }
+
+// LiveLimits cap live subscriptions on one replica.
+type LiveLimits struct {
+	PerConnection int // default 25
+	PerPrincipal  int // default 100
+	PerTenant     int // default 500
+}
+
+// Default live subscription limits.
+const (
+	DefaultSubscriptionsPerConnection = 25
+	DefaultSubscriptionsPerPrincipal  = 100
+	DefaultSubscriptionsPerTenant     = 500
+)
 
 // Change is one committed change of a run.
 type Change struct {
@@ -41,12 +68,47 @@ type Change struct {
 	Terminal bool      `json:"terminal"`
 }
 
+// Update is what a subscriber receives: the run as read after a change.
+type Update struct {
+	Event string
+	Run   *engine.RunView
+}
+
+type tenantSubs struct {
+	subs       map[*liveSub]struct{}
+	principals map[string]int
+	reading    map[uuid.UUID]*readState
+}
+
+type readState struct {
+	dirty bool
+	event string
+}
+
+type liveSub struct {
+	run       uuid.UUID // uuid.Nil: every run of the tenant
+	principal string
+	ch        chan Update
+	latest    bool // keep only the newest update (one run's subscription)
+}
+
 // NewLive returns a Live using namespace ns for its channels.
-func NewLive(rdb redis.UniversalClient, ns string, log *zap.Logger) *Live {
+func NewLive(rdb redis.UniversalClient, ns string, limits LiveLimits, log *zap.Logger) *Live {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Live{rdb: rdb, ns: ns, log: log, out: make(chan Change, 4096), subs: map[uuid.UUID]map[chan Change]struct{}{}}
+	limits.PerConnection = cmpOr(limits.PerConnection, DefaultSubscriptionsPerConnection)
+	limits.PerPrincipal = cmpOr(limits.PerPrincipal, DefaultSubscriptionsPerPrincipal)
+	limits.PerTenant = cmpOr(limits.PerTenant, DefaultSubscriptionsPerTenant)
+	return &Live{rdb: rdb, ns: ns, log: log, out: make(chan Change, 4096), limits: limits, reads: make(chan struct{}, 16),
+		tenants: map[uuid.UUID]*tenantSubs{}}
+}
+
+func cmpOr(v, d int) int {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 func (l *Live) channel(tenant uuid.UUID) string { return l.ns + ":live:" + tenant.String() }
@@ -64,18 +126,19 @@ func (l *Live) Publish(t engine.Transition) {
 func (l *Live) Run(ctx context.Context) {
 	l.mu.Lock()
 	l.ps = l.rdb.Subscribe(ctx)
+	l.ctx = ctx
 	ps := l.ps
 	l.mu.Unlock()
 	defer func() {
 		l.mu.Lock()
 		l.closed = true
 		_ = l.ps.Close()
-		for _, subs := range l.subs {
-			for ch := range subs {
-				close(ch)
+		for _, ts := range l.tenants {
+			for s := range ts.subs {
+				close(s.ch)
 			}
 		}
-		l.subs = map[uuid.UUID]map[chan Change]struct{}{}
+		l.tenants = map[uuid.UUID]*tenantSubs{}
 		l.mu.Unlock()
 	}()
 	go func() {
@@ -101,51 +164,162 @@ func (l *Live) Run(ctx context.Context) {
 				return
 			}
 			var c Change
-			if json.Unmarshal([]byte(m.Payload), &c) != nil {
-				continue
+			if json.Unmarshal([]byte(m.Payload), &c) == nil {
+				l.changed(c)
 			}
-			l.mu.Lock()
-			for ch := range l.subs[c.Tenant] {
-				select {
-				case ch <- c:
-				default: // a slow subscriber misses a change, not the others
-				}
-			}
-			l.mu.Unlock()
 		}
 	}
 }
 
-// Subscribe returns the changes of a tenant's runs until cancel is called.
-func (l *Live) Subscribe(ctx context.Context, tenant uuid.UUID) (<-chan Change, func(), error) {
-	ch := make(chan Change, 64)
+// changed schedules the read of a changed run if anyone here wants it.
+func (l *Live) changed(c Change) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := l.tenants[c.Tenant]
+	if ts == nil || !ts.wants(c.Run) {
+		return
+	}
+	if st := ts.reading[c.Run]; st != nil {
+		st.dirty, st.event = true, c.Event
+		return
+	}
+	ts.reading[c.Run] = &readState{event: c.Event}
+	go l.fetch(c.Tenant, c.Run)
+}
+
+func (ts *tenantSubs) wants(run uuid.UUID) bool {
+	for s := range ts.subs {
+		if s.run == uuid.Nil || s.run == run {
+			return true
+		}
+	}
+	return false
+}
+
+// fetch reads a run once and hands it to its subscribers, again while
+// changes came in during the read.
+func (l *Live) fetch(tenant, run uuid.UUID) {
+	for {
+		l.mu.Lock()
+		ts := l.tenants[tenant]
+		if ts == nil || ts.reading[run] == nil {
+			l.mu.Unlock()
+			return // every subscriber left
+		}
+		ctx, st := l.ctx, ts.reading[run]
+		event := st.event
+		st.dirty = false
+		l.mu.Unlock()
+		l.reads <- struct{}{}
+		view, err := l.read(ctx, tenant, run)
+		<-l.reads
+		if err != nil && errs.KindOf(err) != errs.NotFound && ctx.Err() == nil {
+			l.log.Warn("reading a changed run for live updates failed", zap.Stringer("tenant_id", tenant), zap.Error(err))
+		}
+		l.mu.Lock()
+		ts = l.tenants[tenant]
+		if ts == nil || ts.reading[run] == nil {
+			l.mu.Unlock()
+			return
+		}
+		if err == nil {
+			for s := range ts.subs {
+				if s.run == uuid.Nil || s.run == run {
+					s.deliver(Update{Event: event, Run: view})
+				}
+			}
+		}
+		if !ts.reading[run].dirty {
+			delete(ts.reading, run)
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+	}
+}
+
+// deliver never blocks: a run's own subscription keeps the newest state, a
+// tenant-wide one drops a change when it is too far behind.
+func (s *liveSub) deliver(u Update) {
+	if s.latest {
+		select {
+		case <-s.ch:
+		default:
+		}
+	}
+	select {
+	case s.ch <- u:
+	default:
+	}
+}
+
+// Subscribe returns the updates of one run of a tenant (run set) or of
+// all its runs (run nil) for the principal, until cancel is called.
+func (l *Live) Subscribe(ctx context.Context, tenant uuid.UUID, principal string, run uuid.UUID) (<-chan Update, func(), error) {
+	sess := sessionFrom(ctx)
+	if sess != nil {
+		if err := sess.take(l.limits.PerConnection); err != nil {
+			return nil, nil, err
+		}
+	}
+	fail := func(err error) (<-chan Update, func(), error) {
+		if sess != nil {
+			sess.give()
+		}
+		return nil, nil, err
+	}
+	s := &liveSub{run: run, principal: principal, latest: run != uuid.Nil}
+	if s.latest {
+		s.ch = make(chan Update, 1)
+	} else {
+		s.ch = make(chan Update, 64)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ps == nil || l.closed {
-		return nil, nil, errLiveDown
+		return fail(errLiveDown)
 	}
-	if len(l.subs[tenant]) == 0 {
+	ts := l.tenants[tenant]
+	switch {
+	case ts != nil && len(ts.subs) >= l.limits.PerTenant:
+		return fail(errs.E(errs.QuotaExceeded, "the tenant has %d live subscriptions on this server, the most it may have", l.limits.PerTenant))
+	case ts != nil && ts.principals[principal] >= l.limits.PerPrincipal:
+		return fail(errs.E(errs.QuotaExceeded, "at most %d live subscriptions per principal", l.limits.PerPrincipal))
+	}
+	if ts == nil {
 		if err := l.ps.Subscribe(ctx, l.channel(tenant)); err != nil {
-			return nil, nil, err
+			return fail(err)
 		}
-		l.subs[tenant] = map[chan Change]struct{}{}
+		ts = &tenantSubs{subs: map[*liveSub]struct{}{}, principals: map[string]int{}, reading: map[uuid.UUID]*readState{}}
+		l.tenants[tenant] = ts
 	}
-	l.subs[tenant][ch] = struct{}{}
+	ts.subs[s] = struct{}{}
+	ts.principals[principal]++
 	var once sync.Once
 	cancel := func() {
 		once.Do(func() {
+			if sess != nil {
+				sess.give()
+			}
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			if _, ok := l.subs[tenant][ch]; !ok {
+			ts := l.tenants[tenant]
+			if ts == nil {
 				return // closed by Run
 			}
-			delete(l.subs[tenant], ch)
-			close(ch)
-			if len(l.subs[tenant]) == 0 {
-				delete(l.subs, tenant)
+			if _, ok := ts.subs[s]; !ok {
+				return
+			}
+			delete(ts.subs, s)
+			close(s.ch)
+			if ts.principals[principal]--; ts.principals[principal] == 0 {
+				delete(ts.principals, principal)
+			}
+			if len(ts.subs) == 0 {
+				delete(l.tenants, tenant)
 				_ = l.ps.Unsubscribe(context.Background(), l.channel(tenant))
 			}
 		})
 	}
-	return ch, cancel, nil
+	return s.ch, cancel, nil
 }

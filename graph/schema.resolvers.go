@@ -164,6 +164,9 @@ func (r *mutationResolver) CreateAPIKey(ctx context.Context, input model.CreateA
 	}
 	var out model.CreateAPIKeyPayload
 	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+		if err := auth.MayCreateKey(p, input.Scopes); err != nil {
+			return err
+		}
 		secret, key, err := auth.Keys{Logger: r.Log}.Create(ctx, tx, input.Name, input.Scopes, input.ExpiresAt, p.Subject)
 		out.Secret, out.APIKey = secret, &key
 		return err
@@ -182,20 +185,18 @@ func (r *mutationResolver) RevokeAPIKey(ctx context.Context, id uuid.UUID) (*aut
 		return nil, err
 	}
 	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
-		if err := (auth.Keys{Logger: r.Log}).Revoke(ctx, tx, id); err != nil {
-			return err
-		}
-		keys, err := auth.Keys{}.List(ctx, tx)
+		before, err := auth.Keys{}.Get(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		for _, k := range keys {
-			if k.ID == id {
-				out = k
-				return nil
-			}
+		if err := auth.MayRevokeKey(p, before.Scopes); err != nil {
+			return err
 		}
-		return errs.E(errs.NotFound, "API key %s not found", id)
+		if err := (auth.Keys{Logger: r.Log}).Revoke(ctx, tx, id); err != nil {
+			return err
+		}
+		out, err = auth.Keys{}.Get(ctx, tx, id)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -213,8 +214,12 @@ func (r *mutationResolver) RevokeAPIKey(ctx context.Context, id uuid.UUID) (*aut
 // AddMember is the resolver for the addMember field.
 func (r *mutationResolver) AddMember(ctx context.Context, subject string, role model.Role, email *string) (*auth.Member, error) {
 	var out auth.Member
-	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
-		if err := mayGrant(ctx, role); err != nil {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+		if err := auth.MayGrantRole(p, authRole(role)); err != nil {
 			return err
 		}
 		var err error
@@ -230,11 +235,21 @@ func (r *mutationResolver) AddMember(ctx context.Context, subject string, role m
 // ChangeMemberRole is the resolver for the changeMemberRole field.
 func (r *mutationResolver) ChangeMemberRole(ctx context.Context, subject string, role model.Role) (*auth.Member, error) {
 	var out auth.Member
-	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
-		if err := mayGrant(ctx, role); err != nil {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+		current, err := auth.Members{}.Get(ctx, tx, subject)
+		if err != nil {
 			return err
 		}
-		var err error
+		if err := auth.MayChangeMember(p, current.Role); err != nil {
+			return err
+		}
+		if err := auth.MayGrantRole(p, authRole(role)); err != nil {
+			return err
+		}
 		out, err = auth.Members{}.ChangeRole(ctx, tx, subject, authRole(role))
 		return err
 	})
@@ -246,7 +261,18 @@ func (r *mutationResolver) ChangeMemberRole(ctx context.Context, subject string,
 
 // RemoveMember is the resolver for the removeMember field.
 func (r *mutationResolver) RemoveMember(ctx context.Context, subject string) (bool, error) {
-	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+	p, err := principal(ctx)
+	if err != nil {
+		return false, err
+	}
+	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+		current, err := auth.Members{}.Get(ctx, tx, subject)
+		if err != nil {
+			return err
+		}
+		if err := auth.MayChangeMember(p, current.Role); err != nil {
+			return err
+		}
 		return auth.Members{}.Remove(ctx, tx, subject)
 	})
 	return err == nil, err
@@ -405,6 +431,9 @@ func (r *queryResolver) Workers(ctx context.Context) ([]taskpoll.Worker, error) 
 
 // Workflow is the resolver for the workflow field.
 func (r *runResolver) Workflow(ctx context.Context, obj *engine.RunView) (*engine.Workflow, error) {
+	if obj.Snapshot != nil {
+		return &obj.Snapshot.Workflow, nil
+	}
 	w, err := r.loaders(ctx).workflows.Load(ctx, obj.WorkflowID)
 	if err != nil {
 		return nil, err
@@ -419,6 +448,9 @@ func (r *runResolver) Status(ctx context.Context, obj *engine.RunView) (model.Ru
 
 // Tasks is the resolver for the tasks field.
 func (r *runResolver) Tasks(ctx context.Context, obj *engine.RunView) ([]engine.TaskView, error) {
+	if obj.Snapshot != nil {
+		return obj.Snapshot.Tasks, nil
+	}
 	return r.loaders(ctx).tasks.Load(ctx, obj.ID)
 }
 
@@ -444,7 +476,7 @@ func (r *subscriptionResolver) RunUpdated(ctx context.Context, id uuid.UUID) (<-
 		return nil, err
 	}
 	p, _ := principal(ctx)
-	changes, cancel, err := r.Live.Subscribe(ctx, p.TenantID)
+	updates, cancel, err := r.Live.Subscribe(ctx, p.TenantID, subscriber(p), id)
 	if err != nil {
 		return nil, err
 	}
@@ -459,15 +491,8 @@ func (r *subscriptionResolver) RunUpdated(ctx context.Context, id uuid.UUID) (<-
 			select {
 			case <-ctx.Done():
 				return
-			case c, ok := <-changes:
-				if !ok {
-					return
-				}
-				if c.Run != id {
-					continue
-				}
-				run, err := r.run(ctx, id) // authorized again: a revoked member stops receiving
-				if err != nil || !send(ctx, out, run) || run.Status != "running" {
+			case u, ok := <-updates:
+				if !ok || !pushable(ctx) || !send(ctx, out, u.Run) || u.Run.Status != "running" {
 					return
 				}
 			}
@@ -482,7 +507,7 @@ func (r *subscriptionResolver) RunsChanged(ctx context.Context) (<-chan *model.R
 	if err != nil {
 		return nil, err
 	}
-	changes, cancel, err := r.Live.Subscribe(ctx, p.TenantID)
+	updates, cancel, err := r.Live.Subscribe(ctx, p.TenantID, subscriber(p), uuid.Nil)
 	if err != nil {
 		return nil, err
 	}
@@ -494,15 +519,8 @@ func (r *subscriptionResolver) RunsChanged(ctx context.Context) (<-chan *model.R
 			select {
 			case <-ctx.Done():
 				return
-			case c, ok := <-changes:
-				if !ok {
-					return
-				}
-				run, err := r.run(ctx, c.Run)
-				if errs.KindOf(err) == errs.NotFound {
-					continue
-				}
-				if err != nil || !send(ctx, out, &model.RunChange{Event: c.Event, Run: run}) {
+			case u, ok := <-updates:
+				if !ok || !pushable(ctx) || !send(ctx, out, &model.RunChange{Event: u.Event, Run: u.Run}) {
 					return
 				}
 			}

@@ -93,8 +93,12 @@ func NewHandler(o Options) http.Handler {
 	o.defaults()
 	r := o.Resolver
 	srv := handler.New(NewExecutableSchema(Config{Resolvers: r, Complexity: complexity()}))
+	if r.Live != nil {
+		r.Live.read = r.snapshot
+	}
 	srv.AddTransport(transport.Websocket{
-		Implementation:        transport.CoderWebsocketImplementation{AcceptOptions: websocket.AcceptOptions{OriginPatterns: o.AllowedOrigins}},
+		Implementation: sessionWS{inner: transport.CoderWebsocketImplementation{AcceptOptions: websocket.AcceptOptions{
+			OriginPatterns: o.AllowedOrigins}}},
 		KeepAlivePingInterval: 15 * time.Second,
 		InitTimeout:           10 * time.Second,
 		InitFunc: func(ctx context.Context, p transport.InitPayload) (context.Context, *transport.InitPayload, error) {
@@ -102,8 +106,12 @@ func NewHandler(o Options) http.Handler {
 			if err != nil {
 				return ctx, nil, err
 			}
-			ctx = auth.WithPrincipal(ctx, principal)
-			return context.WithValue(ctx, loadersKey{}, r.newLoaders()), nil, nil
+			// No loaders live for the connection: each event reads fresh
+			// (a run's update comes as a snapshot with its tasks).
+			if sess := sessionFrom(ctx); sess != nil {
+				ctx = sess.start(ctx, p.Authorization(), principal)
+			}
+			return auth.WithPrincipal(ctx, principal), nil, nil
 		},
 	})
 	srv.AddTransport(transport.POST{})
@@ -122,7 +130,8 @@ func NewHandler(o Options) http.Handler {
 	post := r.withLoaders(o.Authn.Middleware(srv))
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if isWebsocket(req) {
-			srv.ServeHTTP(w, req)
+			sess := &wsSession{authn: o.Authn, log: o.Log}
+			srv.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), sessionKey{}, sess)))
 			return
 		}
 		if req.Method != http.MethodPost {

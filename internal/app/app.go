@@ -218,7 +218,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	}
 	// This process's enqueuer is woken in-process after its commits.
 	d.DB.LocalOutbox = true
-	s.Live = graph.NewLive(d.Redis, d.Cfg.RedisNamespace, d.Log.Named("live"))
+	s.Live = graph.NewLive(d.Redis, d.Cfg.RedisNamespace, graph.LiveLimits{}, d.Log.Named("live"))
 	s.Limiter = tenants.NewRateLimiter(d.Redis, d.Cfg.RedisNamespace)
 	if err := s.setupWebhooks(); err != nil {
 		return nil, err
