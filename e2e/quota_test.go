@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -289,4 +290,49 @@ func fanOut(n int) string {
 		nodes += fmt.Sprintf(`,{"id":"t%d","type":"noop","depends_on":["root"]}`, i)
 	}
 	return `{"nodes":[` + nodes + `]}`
+}
+
+// TestRerunsAreAdmittedLikeStarts: both rerun modes create work, so both
+// go through the start's admission — the queued-task limit and the start
+// rate limit — and a refused rerun writes nothing.
+func TestRerunsAreAdmittedLikeStarts(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t) // no worker: tasks stay queued
+	owner := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
+	wf := sys.Workflow(`{"nodes":[{"id":"n","type":"noop"}]}`)
+	var failed []string
+	for range 2 {
+		var started struct {
+			StartRun struct{ Run struct{ ID string } }
+		}
+		sys.GraphQL(owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": wf.String()}).Decode(t, &started)
+		failed = append(failed, started.StartRun.Run.ID)
+		res := sys.GraphQL(owner, `mutation($id: ID!) { cancelRun(id: $id) { id } }`, map[string]any{"id": started.StartRun.Run.ID})
+		require.Empty(t, res.Errors)
+	}
+	// A queued limit of 1, and one task queued: neither mode may add work.
+	setLimits(t, sys, sys.Tenant, tenants.Limits{MaxQueuedTasks: 1})
+	require.Empty(t, sys.GraphQL(owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": wf.String()}).Errors)
+	for _, mode := range []string{"FROM_FAILED", "AS_NEW"} {
+		res := sys.GraphQL(owner, `mutation($id: ID!, $m: RerunMode) { rerunRun(id: $id, mode: $m) { id status } }`, map[string]any{"id": failed[0], "m": mode})
+		assert.Equal(t, []string{"QUOTA_EXCEEDED"}, res.Codes(), "a %s rerun over the queued limit", mode)
+	}
+	var runs, pending int
+	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM workflow_runs WHERE tenant_id = $1),
+		(SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'pending')`, sys.Tenant).Scan(&runs, &pending))
+	assert.Equal(t, 3, runs, "the refused reruns wrote nothing")
+	assert.Equal(t, 1, pending)
+
+	// The start rate limit: at 0.01 per second with a burst of 2, reruns
+	// soon answer RATE_LIMITED (the first ones may be refused for other
+	// reasons: the queued limit still holds).
+	setLimits(t, sys, sys.Tenant, tenants.Limits{StartsPerSecond: 0.01, StartBurst: 2, MaxQueuedTasks: 1})
+	limited := 0
+	for range 4 {
+		res := sys.GraphQL(owner, `mutation($id: ID!) { rerunRun(id: $id, mode: FROM_FAILED) { id } }`, map[string]any{"id": failed[1]})
+		if slices.Equal(res.Codes(), []string{"RATE_LIMITED"}) {
+			limited++
+		}
+	}
+	assert.GreaterOrEqual(t, limited, 2, "reruns take tokens from the start rate limit")
 }

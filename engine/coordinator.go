@@ -256,6 +256,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		if tr.Ignored {
 			return fmt.Errorf("a new run was not started: %s", tr.Reason)
 		}
+		if err := tooLarge(tr); err != nil {
+			return err // the input would be amplified past the bound: refuse the start, write nothing
+		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
 			workflowID: wid, version: version}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
@@ -269,6 +272,30 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		return Started{}, err
 	}
 	return out, nil
+}
+
+// tooLarge is the BAD_USER_INPUT of a start whose first nodes' inputs (or
+// the run's output) would be larger than dag.MaxValueBytes, naming each.
+func tooLarge(tr sm.Transition) error {
+	var fields []errs.Field
+	for _, a := range tr.Actions {
+		switch a := a.(type) {
+		case sm.CreateTask:
+			if a.Error != nil && a.Error.Code == sm.CodeValueTooLarge {
+				fields = append(fields, errs.Field{Node: a.NodeID, Field: "input", Message: a.Error.Message})
+			}
+		case sm.FailRun:
+			if a.Error.Code == sm.CodeValueTooLarge && a.Error.Node == "" {
+				fields = append(fields, errs.Field{Field: "output", Message: a.Error.Message})
+			}
+		}
+	}
+	if len(fields) == 0 {
+		return nil
+	}
+	e := errs.E(errs.Invalid, "the run's input would make a value larger than %d bytes: %s", dag.MaxValueBytes, fields[0].Message)
+	e.Fields = fields
+	return e
 }
 
 // existingRun reads the run an idempotency key already names into out; it
@@ -554,7 +581,14 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 // RerunRun re-runs a failed or cancelled run from the nodes that did not
 // finish; finished nodes keep their outputs.
 func (c *Coordinator) RerunRun(ctx context.Context, tenant, runID uuid.UUID) (Ack, error) {
-	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
+		// A rerun creates work as a start does: the same admission (queued
+		// limit, caps) in its transaction, before anything is written.
+		if c.opts.Admit != nil {
+			if err := c.opts.Admit(ctx, tx); err != nil {
+				return nil, err
+			}
+		}
 		return sm.RerunRequested{}, nil
 	})
 }

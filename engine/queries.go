@@ -289,8 +289,23 @@ func GetWorkflow(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Workflow, e
 // Versions reads a workflow's versions, newest first; number > 0 reads
 // only that one (NotFound when it does not exist).
 func Versions(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number int) ([]Version, error) {
+	out, err := versionPage(ctx, tx, workflow, number, 0, 0)
+	if err == nil && number > 0 && len(out) == 0 {
+		return nil, errs.E(errs.NotFound, "version %d of workflow %s not found", number, workflow)
+	}
+	return out, err
+}
+
+// VersionPage lists up to limit versions of a workflow, newest first,
+// older than before (0: from the newest).
+func VersionPage(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, limit, before int) ([]Version, error) {
+	return versionPage(ctx, tx, workflow, 0, limit, before)
+}
+
+func versionPage(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number, limit, before int) ([]Version, error) {
 	rows, err := tx.Query(ctx, `SELECT workflow_id, version, definition, created_at FROM workflow_versions
-		WHERE tenant_id = $1 AND workflow_id = $2 AND ($3 = 0 OR version = $3) ORDER BY version DESC`, tx.Tenant, workflow, number)
+		WHERE tenant_id = $1 AND workflow_id = $2 AND ($3 = 0 OR version = $3) AND ($5 = 0 OR version < $5)
+		ORDER BY version DESC LIMIT CASE WHEN $4 > 0 THEN $4 END`, tx.Tenant, workflow, number, limit, before)
 	if err != nil {
 		return nil, fmt.Errorf("versions: %w", err)
 	}
@@ -304,9 +319,6 @@ func Versions(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number in
 	})
 	if err != nil {
 		return nil, fmt.Errorf("versions: %w", err)
-	}
-	if number > 0 && len(out) == 0 {
-		return nil, errs.E(errs.NotFound, "version %d of workflow %s not found", number, workflow)
 	}
 	return out, nil
 }

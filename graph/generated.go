@@ -354,7 +354,7 @@ type ComplexityRoot struct {
 		Name          func(childComplexity int) int
 		UpdatedAt     func(childComplexity int) int
 		Version       func(childComplexity int, number int) int
-		Versions      func(childComplexity int) int
+		Versions      func(childComplexity int, first *int, before *int) int
 	}
 
 	WorkflowConnection struct {
@@ -459,7 +459,7 @@ type WorkerResolver interface {
 	APIKeyID(ctx context.Context, obj *taskpoll.Worker) (*string, error)
 }
 type WorkflowResolver interface {
-	Versions(ctx context.Context, obj *engine.Workflow) ([]engine.Version, error)
+	Versions(ctx context.Context, obj *engine.Workflow, first *int, before *int) ([]engine.Version, error)
 	Version(ctx context.Context, obj *engine.Workflow, number int) (*engine.Version, error)
 }
 
@@ -1897,7 +1897,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			break
 		}
 
-		return e.ComplexityRoot.Workflow.Versions(childComplexity), true
+		args, err := ec.field_Workflow_versions_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Workflow.Versions(childComplexity, args["first"].(*int), args["before"].(*int)), true
 
 	case "WorkflowConnection.edges":
 		if e.ComplexityRoot.WorkflowConnection.Edges == nil {
@@ -3364,6 +3369,28 @@ func (ec *executionContext) field_Workflow_version_args(ctx context.Context, raw
 		return nil, err
 	}
 	args["number"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Workflow_versions_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "before",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["before"] = arg1
 	return args, nil
 }
 
@@ -9077,7 +9104,8 @@ func (ec *executionContext) _Workflow_versions(ctx context.Context, field graphq
 			return ec.fieldContext_Workflow_versions(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return ec.Resolvers.Workflow().Versions(ctx, obj)
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Workflow().Versions(ctx, obj, fc.Args["first"].(*int), fc.Args["before"].(*int))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []engine.Version) graphql.Marshaler {
@@ -9087,7 +9115,7 @@ func (ec *executionContext) _Workflow_versions(ctx context.Context, field graphq
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Workflow_versions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+func (ec *executionContext) fieldContext_Workflow_versions(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "Workflow",
 		Field:      field,
@@ -9096,6 +9124,17 @@ func (ec *executionContext) fieldContext_Workflow_versions(_ context.Context, fi
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_WorkflowVersion(ctx, field)
 		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Workflow_versions_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }

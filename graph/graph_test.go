@@ -630,3 +630,105 @@ func TestNoPrincipalGrantsMoreThanItHolds(t *testing.T) {
 	_, codes = key(a.owner, "admin")
 	assert.Nil(t, codes)
 }
+
+// TestAmplifyingInputMappingsAreRefused: a start whose input a node's
+// mapping would copy past the value bound is BAD_USER_INPUT naming the
+// node, and writes nothing.
+func TestAmplifyingInputMappingsAreRefused(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "amp", definition: {nodes: [
+		{id: "copy", type: "noop", input: {a: "input.s", b: "input.s", c: "input.s", d: "input.s", e: "input.s"}}]}}) { workflow { id } } }`,
+		nil).Decode(t, &created)
+	res := sys.GraphQL(a.owner, `mutation($w: ID!, $in: JSON) { startRun(input: {workflowId: $w, input: $in}) { run { id } } }`,
+		map[string]any{"w": created.CreateWorkflow.Workflow.ID, "in": map[string]string{"s": strings.Repeat("x", 300<<10)}})
+	require.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes(), "%s", res.Data)
+	problems, _ := res.Errors[0].Extensions["problems"].([]any)
+	require.NotEmpty(t, problems)
+	assert.Equal(t, "copy", problems[0].(map[string]any)["node"])
+	var runs struct {
+		Runs struct {
+			Edges []struct{ Node struct{ ID string } }
+		}
+	}
+	sys.GraphQL(a.owner, `query($w: ID!) { runs(filter: {workflowId: $w}) { edges { node { id } } } }`,
+		map[string]any{"w": created.CreateWorkflow.Workflow.ID}).Decode(t, &runs)
+	assert.Empty(t, runs.Runs.Edges, "nothing was written")
+}
+
+// TestSmallQueriesCannotMakeHugeResponses: aliases spread through
+// fragments are counted every time they execute, and a response carrying
+// more than the byte budget of JSON values is refused with one clear
+// error instead of being built.
+func TestSmallQueriesCannotMakeHugeResponses(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	// 10 aliases in a fragment, spread 10 times: 100 executions.
+	frag := `fragment F on Query { ` + strings.Repeat("", 0)
+	for i := range 10 {
+		frag += fmt.Sprintf("a%d: viewer { subject } ", i)
+	}
+	frag += "}"
+	q := "query { "
+	for i := range 10 {
+		q += fmt.Sprintf("s%d: tenant { id } ...F ", i)
+	}
+	q += "} " + frag
+	res := sys.GraphQL(a.owner, q, nil)
+	assert.Equal(t, []string{"ALIAS_LIMIT_EXCEEDED"}, res.Codes(), "aliases through fragments count")
+
+	// Runs with 900 KiB inputs: a page of them is over the 8 MiB budget.
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "big", definition: {nodes: [{id: "w", type: "wait", wait: {signal: "s"}}]}}) { workflow { id } } }`,
+		nil).Decode(t, &created)
+	in := map[string]string{"s": strings.Repeat("x", 900<<10)}
+	for range 10 {
+		res := sys.GraphQL(a.owner, `mutation($w: ID!, $in: JSON) { startRun(input: {workflowId: $w, input: $in}) { run { id } } }`,
+			map[string]any{"w": created.CreateWorkflow.Workflow.ID, "in": in})
+		require.Empty(t, res.Errors)
+	}
+	res = sys.GraphQL(a.owner, `query($w: ID!) { runs(first: 10, filter: {workflowId: $w}) { edges { node { id input } } } }`,
+		map[string]any{"w": created.CreateWorkflow.Workflow.ID})
+	require.Equal(t, []string{"RESPONSE_TOO_LARGE"}, res.Codes())
+	assert.Equal(t, "null", string(res.Data), "nothing of the oversized response is sent")
+	res = sys.GraphQL(a.owner, `query($w: ID!) { runs(first: 5, filter: {workflowId: $w}) { edges { node { id input } } } }`,
+		map[string]any{"w": created.CreateWorkflow.Workflow.ID})
+	assert.Empty(t, res.Errors, "a smaller page is answered")
+}
+
+// TestWriteOnlyKeysLearnWhatTheyDid: a key with runs:write but not
+// runs:read gets the answer of its start, cancel and rerun (so a client
+// does not retry a start that happened), but still may not read runs.
+func TestWriteOnlyKeysLearnWhatTheyDid(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	var key struct{ CreateApiKey struct{ Secret string } }
+	sys.GraphQL(a.owner, `mutation { createApiKey(input: {name: "w", scopes: ["runs:write"]}) { secret } }`, nil).Decode(t, &key)
+	w := key.CreateApiKey.Secret
+	var started struct {
+		StartRun struct {
+			Created bool
+			Run     struct{ ID, Status string }
+		}
+	}
+	start := `mutation($w: ID!) { startRun(input: {workflowId: $w, idempotencyKey: "once"}) { created run { id status } } }`
+	sys.GraphQL(w, start, map[string]any{"w": a.workflow}).Decode(t, &started)
+	assert.True(t, started.StartRun.Created)
+	assert.Equal(t, "RUNNING", started.StartRun.Run.Status)
+	id := started.StartRun.Run.ID
+	sys.GraphQL(w, start, map[string]any{"w": a.workflow}).Decode(t, &started)
+	assert.False(t, started.StartRun.Created, "the retry found the first run")
+	assert.Equal(t, id, started.StartRun.Run.ID)
+	res := sys.GraphQL(w, `mutation($id: ID!) { cancelRun(id: $id) { id status } }`, map[string]any{"id": id})
+	assert.Empty(t, res.Errors)
+	assert.Contains(t, string(res.Data), "CANCELLED")
+	res = sys.GraphQL(w, `query($id: ID!) { run(id: $id) { id } }`, map[string]any{"id": id})
+	assert.Equal(t, []string{"FORBIDDEN"}, res.Codes(), "reading stays forbidden")
+	res = sys.GraphQL(w, `mutation($id: ID!) { cancelRun(id: $id) { id tasks { nodeId } } }`, map[string]any{"id": id})
+	assert.Contains(t, res.Codes(), "FORBIDDEN", "nested fields it may not read are refused")
+}

@@ -17,8 +17,21 @@ import (
 )
 
 func (r *Resolver) run(ctx context.Context, id uuid.UUID) (*engine.RunView, error) {
+	return r.readRun(ctx, id, auth.ActionRunsRead)
+}
+
+// written reads the run a mutation just changed, for its answer: what the
+// mutation did is the caller's to see with the right to do it (runs:write),
+// so a write-only key learns that its start or cancel happened instead of
+// a FORBIDDEN that would make it retry. Nested fields it may not read
+// (tasks, the timeline) stay FORBIDDEN.
+func (r *Resolver) written(ctx context.Context, id uuid.UUID) (*engine.RunView, error) {
+	return r.readRun(ctx, id, auth.ActionRunsWrite)
+}
+
+func (r *Resolver) readRun(ctx context.Context, id uuid.UUID, action auth.Action) (*engine.RunView, error) {
 	var run engine.RunView
-	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, action, func(ctx context.Context, tx *tenants.Tx) error {
 		var err error
 		run, err = engine.GetRun(ctx, tx, id)
 		return err
@@ -138,7 +151,7 @@ func (r *Resolver) signal(ctx context.Context, id uuid.UUID, s engine.Signal) (*
 	if err != nil {
 		return nil, err
 	}
-	run, err := r.run(ctx, id)
+	run, err := r.written(ctx, id)
 	if err != nil {
 		return nil, err
 	}

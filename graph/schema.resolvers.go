@@ -88,7 +88,7 @@ func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInp
 	if err != nil {
 		return nil, err
 	}
-	run, err := r.run(ctx, res.RunID)
+	run, err := r.written(ctx, res.RunID)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func (r *mutationResolver) CancelRun(ctx context.Context, id uuid.UUID, reason *
 	if _, err := r.Coord.CancelRun(ctx, p.TenantID, id, why); err != nil {
 		return nil, err
 	}
-	return r.run(ctx, id)
+	return r.written(ctx, id)
 }
 
 // SignalRun is the resolver for the signalRun field.
@@ -132,19 +132,18 @@ func (r *mutationResolver) Approve(ctx context.Context, id uuid.UUID, signal *st
 
 // RerunRun is the resolver for the rerunRun field.
 func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *model.RerunMode) (*engine.RunView, error) {
-	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	// Both modes create work: the start rate limit applies, and the
+	// coordinator applies the queued-task limit and caps.
+	p, err := r.admitStart(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if mode != nil && *mode == model.RerunModeAsNew {
-		if _, err := r.admitStart(ctx); err != nil {
-			return nil, err
-		}
 		res, err := r.Coord.RerunAsNew(ctx, p.TenantID, id)
 		if err != nil {
 			return nil, err
 		}
-		return r.run(ctx, res.RunID)
+		return r.written(ctx, res.RunID)
 	}
 	ack, err := r.Coord.RerunRun(ctx, p.TenantID, id)
 	if err != nil {
@@ -153,7 +152,7 @@ func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *mod
 	if ack.Ignored {
 		return nil, errs.E(errs.Conflict, "%s", ack.Reason)
 	}
-	return r.run(ctx, id)
+	return r.written(ctx, id)
 }
 
 // CreateAPIKey is the resolver for the createApiKey field.
@@ -620,11 +619,22 @@ func (r *workerResolver) APIKeyID(ctx context.Context, obj *taskpoll.Worker) (*s
 }
 
 // Versions is the resolver for the versions field.
-func (r *workflowResolver) Versions(ctx context.Context, obj *engine.Workflow) ([]engine.Version, error) {
+func (r *workflowResolver) Versions(ctx context.Context, obj *engine.Workflow, first *int, before *int) ([]engine.Version, error) {
+	n := 20
+	if first != nil {
+		n = *first
+	}
+	if n < 1 || n > 100 {
+		return nil, errs.E(errs.Invalid, "first must be between 1 and 100")
+	}
+	b := 0
+	if before != nil {
+		b = *before
+	}
 	var out []engine.Version
 	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
 		var err error
-		out, err = engine.Versions(ctx, tx, obj.ID, 0)
+		out, err = engine.VersionPage(ctx, tx, obj.ID, n, b)
 		return err
 	})
 	return out, err

@@ -13,6 +13,7 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/99designs/gqlgen/graphql/playground"
 	"github.com/coder/websocket"
+	"github.com/google/uuid"
 	"github.com/vektah/gqlparser/v2/ast"
 	"go.uber.org/zap"
 
@@ -34,6 +35,7 @@ type Options struct {
 	MaxComplexity int           // 20,000
 	MaxDepth      int           // 12
 	MaxAliases    int           // 30
+	MaxResponse   int64         // 8 MiB
 	Timeout       time.Duration // 30 s per query or mutation
 	Log           *zap.Logger
 }
@@ -50,6 +52,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxAliases == 0 {
 		o.MaxAliases = 30
+	}
+	if o.MaxResponse == 0 {
+		o.MaxResponse = 8 << 20
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Second
@@ -74,6 +79,12 @@ func complexity() ComplexityRoot {
 	c.Query.APIKeys = func(child int) int { return 1 + 50*child }
 	c.Query.Members = func(child int) int { return 1 + 50*child }
 	c.Query.Workers = func(child int) int { return 1 + 100*child }
+	c.Query.WebhookEndpoints = func(child int) int { return 1 + 50*child }
+	c.Query.WebhookDeliveries = func(child int, _, _ *uuid.UUID, _ *model.WebhookDeliveryState, first *int, _ *string) int {
+		return 1 + page(first)*child
+	}
+	c.WebhookDelivery.Attempts = func(child int) int { return 1 + 20*child }
+	c.WebhookEndpoint.Secrets = func(child int) int { return 1 + 2*child }
 	c.Run.Tasks = func(child int) int { return 1 + 20*child }
 	c.Run.Timeline = func(child int, first *int) int {
 		if first == nil {
@@ -81,7 +92,7 @@ func complexity() ComplexityRoot {
 		}
 		return 1 + max(*first, 1)*child
 	}
-	c.Workflow.Versions = func(child int) int { return 1 + 20*child }
+	c.Workflow.Versions = func(child int, first, _ *int) int { return 1 + page(first)*child }
 	return c
 }
 
@@ -121,6 +132,7 @@ func NewHandler(o Options) http.Handler {
 	srv.SetDisableSuggestion(!o.Dev)
 	srv.Use(extension.FixedComplexityLimit(o.MaxComplexity))
 	srv.Use(shapeLimit{maxDepth: o.MaxDepth, maxAliases: o.MaxAliases})
+	srv.Use(responseBudget{max: o.MaxResponse})
 	if o.Dev {
 		srv.Use(extension.Introspection{})
 	}

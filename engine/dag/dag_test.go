@@ -273,3 +273,35 @@ func TestOutputMapping(t *testing.T) {
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"total": 42, "src": "x"}`, string(out))
 }
+
+// TestMappingsCannotAmplifyTheirInput: a mapping that copies a large input
+// many times (as keys, in a list, through string functions) stops at
+// MaxValueBytes with ErrValueTooLarge instead of building the value; a
+// value under the bound passes.
+func TestMappingsCannotAmplifyTheirInput(t *testing.T) {
+	big, _ := json.Marshal(map[string]any{"s": strings.Repeat("x", 300<<10), "l": make([]int, 40_000)})
+	keys := map[string]string{}
+	for i := range 8 {
+		keys[string(rune('a'+i))] = "input.s"
+	}
+	k, _ := json.Marshal(keys)
+	for name, input := range map[string]string{
+		"many keys":     string(k),
+		"a list":        `{"x": "[input.s, input.s, input.s, input.s]"}`,
+		"nested copies": `{"x": "{'a': input.l, 'b': input.l, 'c': [input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l, input.l]}"}`,
+	} {
+		w := MustParse(`{"nodes":[{"id":"a","type":"noop","input":` + input + `}]}`)
+		_, err := w.Node("a").EvalInput(Scope{Input: big})
+		assert.ErrorIs(t, err, ErrValueTooLarge, name)
+	}
+	w := MustParse(`{"nodes":[{"id":"a","type":"noop","input":{"x":"input.s","y":"input.s","z":"input.s"}}]}`)
+	in, err := w.Node("a").EvalInput(Scope{Input: big})
+	require.NoError(t, err, "900 KiB is under the bound")
+	assert.Greater(t, len(in), 900<<10)
+
+	// The default run output (the sinks' outputs) is bounded too.
+	out := json.RawMessage(`"` + strings.Repeat("y", 600<<10) + `"`)
+	w = MustParse(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop"}]}`)
+	_, err = w.EvalOutput(Scope{Nodes: map[string]NodeResult{"a": {Status: "completed", Output: out}, "b": {Status: "completed", Output: out}}})
+	assert.ErrorIs(t, err, ErrValueTooLarge)
+}

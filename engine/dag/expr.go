@@ -23,6 +23,15 @@ import (
 // definition cannot stall the coordinator with a pathological expression.
 const costLimit = 100_000
 
+// MaxValueBytes bounds what one evaluation may produce — a node's whole
+// input, a run's output — as JSON, so a mapping cannot amplify its input
+// (64 keys that each copy a 1 MiB input would otherwise make 64 MiB).
+const MaxValueBytes = 1 << 20
+
+// ErrValueTooLarge is the error of an evaluation whose value is larger
+// than MaxValueBytes.
+var ErrValueTooLarge = errors.New("value too large")
+
 var (
 	envOnce sync.Once
 	celEnv  *cel.Env
@@ -151,6 +160,10 @@ func (p *program) eval(s Scope) (ref.Val, error) {
 	if err != nil {
 		return nil, err
 	}
+	return p.evalWith(act)
+}
+
+func (p *program) evalWith(act map[string]any) (ref.Val, error) {
 	v, _, err := p.prg.Eval(act)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", p.source, oneLine(err.Error()))
@@ -193,28 +206,62 @@ func (w *Workflow) EvalOutput(s Scope) (json.RawMessage, error) {
 		return evalObject("output", w.output, s)
 	}
 	out := make(map[string]json.RawMessage, len(w.sinks))
+	size := 2
 	for _, id := range w.sinks {
 		if r, ok := s.Nodes[id]; ok && r.Status == "completed" && len(r.Output) > 0 {
 			out[id] = r.Output
+			if size += len(id) + 4 + len(r.Output); size > MaxValueBytes {
+				return nil, fmt.Errorf("the outputs of the sink nodes: %w: more than %d bytes (give the workflow an output mapping)",
+					ErrValueTooLarge, MaxValueBytes)
+			}
 		}
 	}
 	return json.Marshal(out)
 }
 
+// evalObject evaluates a mapping into a JSON object of at most
+// MaxValueBytes. The scope is decoded once for all its expressions.
 func evalObject(field string, progs map[string]*program, s Scope) (json.RawMessage, error) {
-	out := make(map[string]any, len(progs))
+	var refs []string
+	keys := make([]string, 0, len(progs))
 	for k, p := range progs {
-		v, err := p.eval(s)
+		refs = append(refs, p.refs...)
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	act, err := s.activation(refs)
+	if err != nil {
+		return nil, err
+	}
+	b := &budget{left: MaxValueBytes}
+	out := make(map[string]any, len(progs))
+	for _, k := range keys {
+		v, err := progs[k].evalWith(act)
 		if err != nil {
 			return nil, fmt.Errorf("%s.%s: %w", field, k, err)
 		}
-		nv, err := toNative(v)
+		if err := b.spend(len(k) + 4); err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		nv, err := toNative(v, b)
 		if err != nil {
 			return nil, fmt.Errorf("%s.%s: %w", field, k, err)
 		}
 		out[k] = nv
 	}
 	return json.Marshal(out)
+}
+
+// budget counts the JSON size of converted values (a close upper bound)
+// and stops a conversion as soon as it is spent, before anything large is
+// built.
+type budget struct{ left int }
+
+func (b *budget) spend(n int) error {
+	if b.left -= n; b.left < 0 {
+		return fmt.Errorf("%w: more than %d bytes", ErrValueTooLarge, MaxValueBytes)
+	}
+	return nil
 }
 
 // DecodeJSON decodes JSON for CEL: integral numbers become int64 (so
@@ -253,30 +300,35 @@ func numbers(v any) any {
 }
 
 // toNative converts a CEL value into plain Go values that encoding/json
-// writes.
-func toNative(v ref.Val) (any, error) {
+// writes, charging their size to b.
+func toNative(v ref.Val, b *budget) (any, error) {
 	switch x := v.(type) {
 	case types.Null:
-		return nil, nil
-	case types.Bool, types.String, types.Int, types.Uint:
-		return x.Value(), nil
+		return nil, b.spend(4)
+	case types.String:
+		return x.Value(), b.spend(len(x) + 2)
+	case types.Bool, types.Int, types.Uint:
+		return x.Value(), b.spend(21)
 	case types.Double:
 		f := float64(x)
 		if math.IsNaN(f) || math.IsInf(f, 0) {
 			return nil, fmt.Errorf("%v cannot be written as JSON", f)
 		}
-		return f, nil
+		return f, b.spend(24)
 	case types.Bytes:
-		return x.Value(), nil // base64 in JSON
+		return x.Value(), b.spend(len(x)*4/3 + 4) // base64 in JSON
 	case types.Duration:
-		return x.Duration.String(), nil
+		return x.Duration.String(), b.spend(24)
 	case types.Timestamp:
-		return x.Time.UTC().Format(time.RFC3339Nano), nil
+		return x.Time.UTC().Format(time.RFC3339Nano), b.spend(32)
 	case traits.Lister:
 		n := x.Size().(types.Int)
+		if err := b.spend(2 + int(n)); err != nil {
+			return nil, err
+		}
 		out := make([]any, 0, int(n))
 		for i := types.Int(0); i < n; i++ {
-			e, err := toNative(x.Get(i))
+			e, err := toNative(x.Get(i), b)
 			if err != nil {
 				return nil, err
 			}
@@ -292,7 +344,10 @@ func toNative(v ref.Val) (any, error) {
 			if !ok {
 				return nil, fmt.Errorf("map key %v is not a string", k.Value())
 			}
-			e, err := toNative(x.Get(k))
+			if err := b.spend(len(ks) + 4); err != nil {
+				return nil, err
+			}
+			e, err := toNative(x.Get(k), b)
 			if err != nil {
 				return nil, err
 			}
@@ -302,7 +357,12 @@ func toNative(v ref.Val) (any, error) {
 	}
 	switch x := v.Value().(type) {
 	case nil, bool, string, int64, uint64, float64, map[string]any, []any:
-		return x, nil
+		// Plain Go values (from decoded JSON): charge their encoded size.
+		enc, err := json.Marshal(x)
+		if err != nil {
+			return nil, err
+		}
+		return x, b.spend(len(enc))
 	}
 	return nil, fmt.Errorf("value of type %s cannot be written as JSON", v.Type().TypeName())
 }

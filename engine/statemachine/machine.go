@@ -2,6 +2,7 @@ package statemachine
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -345,7 +346,11 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 	}
 	in, err := n.EvalInput(s)
 	if err != nil {
-		m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+		code := CodeExpression
+		if errors.Is(err, dag.ErrValueTooLarge) {
+			code = CodeValueTooLarge
+		}
+		m.createFailed(base, t, Error{Code: code, Message: err.Error()})
 		return
 	}
 	base.Input = in
@@ -423,7 +428,11 @@ func (m *machine) finishIfDone() {
 	}
 	out, err := m.wf.EvalOutput(m.scope())
 	if err != nil {
-		m.emit(FailRun{Error: Error{Code: CodeOutputExpression, Message: err.Error()}})
+		code := CodeOutputExpression
+		if errors.Is(err, dag.ErrValueTooLarge) {
+			code = CodeValueTooLarge
+		}
+		m.emit(FailRun{Error: Error{Code: code, Message: err.Error()}})
 		m.run.Status = RunFailed
 		return
 	}

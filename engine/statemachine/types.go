@@ -71,6 +71,7 @@ type Error struct {
 const (
 	CodeNodeFailed        = "node_failed"
 	CodeExpression        = "expression_error"
+	CodeValueTooLarge     = "value_too_large"
 	CodeRunTimeout        = "run_timeout"
 	CodeWaitTimeout       = "wait_timeout"
 	CodeScheduleToStart   = "schedule_to_start_timeout"
