@@ -223,6 +223,21 @@ func (k Keys) Create(ctx context.Context, tx *tenants.Tx, name string, scopes []
 	if expiresAt != nil && !expiresAt.After(k.now()) {
 		return "", Key{}, errs.E(errs.Invalid, "expiry must be in the future")
 	}
+	// Serialise a tenant's creates so the live-key bound holds.
+	if _, err := tx.Exec(ctx, qKeyCreateLock, tx.Tenant); err != nil {
+		return "", Key{}, fmt.Errorf("create api key: %w", err)
+	}
+	l, err := tenants.EffectiveLimits(ctx, tx)
+	if err != nil {
+		return "", Key{}, err
+	}
+	var live int
+	if err := tx.QueryRow(ctx, qKeyCountLive, tx.Tenant).Scan(&live); err != nil {
+		return "", Key{}, fmt.Errorf("create api key: %w", err)
+	}
+	if l.MaxAPIKeys > 0 && live >= l.MaxAPIKeys {
+		return "", Key{}, errs.E(errs.QuotaExceeded, "the tenant has %d live API keys, the most its plan allows; revoke one first", live)
+	}
 	plaintext, keyID, secret, err := NewAPIKey()
 	if err != nil {
 		return "", Key{}, err
@@ -238,9 +253,11 @@ func (k Keys) Create(ctx context.Context, tx *tenants.Tx, name string, scopes []
 	return plaintext, key, nil
 }
 
-// List returns the tenant's keys, oldest first, revoked ones included.
-func (k Keys) List(ctx context.Context, tx *tenants.Tx) ([]Key, error) {
-	rows, err := tx.Query(ctx, qKeyList, tx.Tenant)
+// List returns up to limit of the tenant's keys, oldest first (ids are
+// UUIDv7), after the key of id after (nil: from the first), revoked ones
+// included.
+func (k Keys) List(ctx context.Context, tx *tenants.Tx, limit int, after *uuid.UUID) ([]Key, error) {
+	rows, err := tx.Query(ctx, qKeyList, tx.Tenant, limit, after)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}

@@ -101,7 +101,7 @@ func TestKeysCreateListRevoke(t *testing.T) {
 
 	var listed []auth.Key
 	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
-		listed, err = auth.Keys{}.List(ctx, tx)
+		listed, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 		return err
 	})
 	require.Len(t, listed, 1)
@@ -114,7 +114,7 @@ func TestKeysCreateListRevoke(t *testing.T) {
 
 	// Another tenant neither sees nor revokes it.
 	require.NoError(t, f.db.WithTenant(ctx, f.b, func(ctx context.Context, tx *tenants.Tx) error {
-		keys, err := auth.Keys{}.List(ctx, tx)
+		keys, err := auth.Keys{}.List(ctx, tx, 1000, nil)
 		assert.Empty(t, keys)
 		return err
 	}))
@@ -125,14 +125,14 @@ func TestKeysCreateListRevoke(t *testing.T) {
 
 	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Keys{}.Revoke(ctx, tx, created.ID) })
 	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
-		listed, err = auth.Keys{}.List(ctx, tx)
+		listed, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 		return err
 	})
 	require.NotNil(t, listed[0].RevokedAt)
 	first := *listed[0].RevokedAt
 	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Keys{}.Revoke(ctx, tx, created.ID) })
 	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
-		listed, err = auth.Keys{}.List(ctx, tx)
+		listed, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 		return err
 	})
 	assert.True(t, first.Equal(*listed[0].RevokedAt), "revoking again keeps the first revocation time")

@@ -330,7 +330,7 @@ func TestAPIKeyLastUsedAtWrittenAtMostOncePerMinute(t *testing.T) {
 		var keys []auth.Key
 		f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
 			var err error
-			keys, err = auth.Keys{}.List(ctx, tx)
+			keys, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 			return err
 		})
 		require.Len(t, keys, 1)

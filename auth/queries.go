@@ -7,8 +7,10 @@ const (
 	qKeyInsert = `INSERT INTO api_keys (tenant_id, id, key_id, name, scopes, secret_hash, created_by, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING created_at`
 	qKeyList = `SELECT id, key_id, name, scopes, created_by, created_at, expires_at, revoked_at, last_used_at
-		FROM api_keys WHERE tenant_id = $1 ORDER BY created_at, id`
-	qKeyGet = `SELECT id, key_id, name, scopes, created_by, created_at, expires_at, revoked_at, last_used_at
+		FROM api_keys WHERE tenant_id = $1 AND ($3::uuid IS NULL OR id > $3) ORDER BY id LIMIT $2`
+	qKeyCreateLock = `SELECT pg_advisory_xact_lock(hashtextextended('api_keys:' || $1::uuid::text, 0))`
+	qKeyCountLive  = `SELECT count(*) FROM api_keys WHERE tenant_id = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())`
+	qKeyGet        = `SELECT id, key_id, name, scopes, created_by, created_at, expires_at, revoked_at, last_used_at
 		FROM api_keys WHERE tenant_id = $1 AND id = $2`
 	// Revoking twice keeps the first revocation time.
 	qKeyRevoke = `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now()) WHERE tenant_id = $1 AND id = $2`

@@ -183,6 +183,9 @@ type Started struct {
 	Status  sm.RunStatus
 }
 
+// MaxSignalBytes bounds one signal's payload.
+const MaxSignalBytes = 64 << 10
+
 // StartRun creates and starts a run in one transaction. With an
 // idempotency key, concurrent and repeated starts return the same run; the
 // same key with a different workflow or input is a Conflict.
@@ -565,14 +568,26 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 	if err != nil {
 		return Ack{}, errs.E(errs.Invalid, "signal payload must be a JSON object")
 	}
+	if len(payload) > MaxSignalBytes {
+		return Ack{}, errs.E(errs.Invalid, "a signal payload may be at most %d bytes", MaxSignalBytes)
+	}
 	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
 		var dup bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3)`,
-			tx.Tenant, runID, s.ID).Scan(&dup); err != nil {
+		var stored int
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
+				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2)`,
+			tx.Tenant, runID, s.ID).Scan(&dup, &stored); err != nil {
 			return nil, fmt.Errorf("check signal: %w", err)
 		}
 		if dup {
 			return nil, ignored("signal %s was already delivered", s.ID)
+		}
+		l, err := tenants.EffectiveLimits(ctx, tx)
+		if err != nil {
+			return nil, err
+		}
+		if l.MaxSignalsPerRun > 0 && stored >= l.MaxSignalsPerRun {
+			return nil, errs.E(errs.QuotaExceeded, "a run may hold at most %d signals on this plan", l.MaxSignalsPerRun)
 		}
 		return sm.SignalReceived{Signal: sm.Signal{ID: s.ID, Name: s.Name, Payload: payload}}, nil
 	})

@@ -104,6 +104,13 @@ func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uui
 		if err != nil {
 			return fmt.Errorf("bump version: %w", err)
 		}
+		l, err := tenants.EffectiveLimits(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if l.MaxWorkflowVersions > 0 && v.Version > l.MaxWorkflowVersions {
+			return errs.E(errs.QuotaExceeded, "a workflow may have at most %d versions on this plan; create a new workflow", l.MaxWorkflowVersions)
+		}
 		return tx.QueryRow(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
 			VALUES ($1, $2, $3, $4) RETURNING created_at`, tenant, workflowID, v.Version, v.Definition).Scan(&v.CreatedAt)
 	})

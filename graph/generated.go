@@ -143,7 +143,7 @@ type ComplexityRoot struct {
 	}
 
 	Query struct {
-		APIKeys           func(childComplexity int) int
+		APIKeys           func(childComplexity int, first *int, after *uuid.UUID) int
 		InvoicePreview    func(childComplexity int, period *string) int
 		Members           func(childComplexity int) int
 		Run               func(childComplexity int, id uuid.UUID) int
@@ -411,7 +411,7 @@ type QueryResolver interface {
 	Workflow(ctx context.Context, id uuid.UUID) (*engine.Workflow, error)
 	Runs(ctx context.Context, first *int, after *string, filter *model.RunFilter) (*model.RunConnection, error)
 	Run(ctx context.Context, id uuid.UUID) (*engine.RunView, error)
-	APIKeys(ctx context.Context) ([]auth.Key, error)
+	APIKeys(ctx context.Context, first *int, after *uuid.UUID) ([]auth.Key, error)
 	Members(ctx context.Context) ([]auth.Member, error)
 	Workers(ctx context.Context) ([]taskpoll.Worker, error)
 	InvoicePreview(ctx context.Context, period *string) (*model.Invoice, error)
@@ -944,7 +944,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			break
 		}
 
-		return e.ComplexityRoot.Query.APIKeys(childComplexity), true
+		args, err := ec.field_Query_apiKeys_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.APIKeys(childComplexity, args["first"].(*int), args["after"].(*uuid.UUID)), true
 
 	case "Query.invoicePreview":
 		if e.ComplexityRoot.Query.InvoicePreview == nil {
@@ -3145,6 +3150,28 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 		return nil, err
 	}
 	args["name"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_apiKeys_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*uuid.UUID, error) {
+			return ec.unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
 	return args, nil
 }
 
@@ -5509,7 +5536,8 @@ func (ec *executionContext) _Query_apiKeys(ctx context.Context, field graphql.Co
 			return ec.fieldContext_Query_apiKeys(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return ec.Resolvers.Query().APIKeys(ctx)
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().APIKeys(ctx, fc.Args["first"].(*int), fc.Args["after"].(*uuid.UUID))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []auth.Key) graphql.Marshaler {
@@ -5519,7 +5547,7 @@ func (ec *executionContext) _Query_apiKeys(ctx context.Context, field graphql.Co
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Query_apiKeys(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+func (ec *executionContext) fieldContext_Query_apiKeys(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "Query",
 		Field:      field,
@@ -5528,6 +5556,17 @@ func (ec *executionContext) fieldContext_Query_apiKeys(_ context.Context, field 
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_ApiKey(ctx, field)
 		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_apiKeys_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }

@@ -113,7 +113,9 @@ var idCases = map[string]idCase{
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.waitingRun} }},
 	"Mutation.approve.id": {query: `mutation($id: ID!) { approve(id: $id, approved: true) { ignored } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.waitingRun} }},
-	"Mutation.rerunRun.id":     {query: `mutation($id: ID!) { rerunRun(id: $id, mode: AS_NEW) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Mutation.rerunRun.id": {query: `mutation($id: ID!) { rerunRun(id: $id, mode: AS_NEW) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Query.apiKeys.after": {query: `query($id: ID!) { apiKeys(after: $id) { id } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.key} }, listEmpty: "apiKeys"},
 	"Mutation.revokeApiKey.id": {query: `mutation($id: ID!) { revokeApiKey(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.key} }},
 	"Subscription.runUpdated.id": {query: `subscription($id: ID!) { runUpdated(id: $id) { id status } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
@@ -731,4 +733,75 @@ func TestWriteOnlyKeysLearnWhatTheyDid(t *testing.T) {
 	assert.Equal(t, []string{"FORBIDDEN"}, res.Codes(), "reading stays forbidden")
 	res = sys.GraphQL(w, `mutation($id: ID!) { cancelRun(id: $id) { id tasks { nodeId } } }`, map[string]any{"id": id})
 	assert.Contains(t, res.Codes(), "FORBIDDEN", "nested fields it may not read are refused")
+}
+
+// TestCollectionsAreBounded: what a tenant can accumulate is bounded by its
+// limits (here overridden small), each refusal a clear QUOTA_EXCEEDED (or
+// RATE_LIMITED for pings), through the API.
+func TestCollectionsAreBounded(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	require.NoError(t, sys.Deps.DB.Update(context.Background(), a.id, tenants.UpdateParams{Limits: &tenants.Limits{
+		MaxSignalsPerRun: 3, MaxWorkflowVersions: 3, MaxAPIKeys: 3, MaxWebhookEndpoints: 2}}))
+	quota := []string{"QUOTA_EXCEEDED"}
+
+	// API keys: the world made one; two more fit.
+	for i := range 3 {
+		res := sys.GraphQL(a.owner, `mutation { createApiKey(input: {name: "k", scopes: ["runs:read"]}) { secret } }`, nil)
+		if i < 2 {
+			require.Empty(t, res.Errors, "key %d", i)
+		} else {
+			assert.Equal(t, quota, res.Codes(), "a key past the bound")
+		}
+	}
+	// Versions: the world's workflow has 1; two more fit.
+	for i := range 3 {
+		res := sys.GraphQL(a.owner, `mutation($w: ID!, $d: JSON!) { publishWorkflowVersion(workflowId: $w, definition: $d) { version } }`,
+			map[string]any{"w": a.workflow, "d": json.RawMessage(waitDef)})
+		if i < 2 {
+			require.Empty(t, res.Errors, "version %d", i)
+		} else {
+			assert.Equal(t, quota, res.Codes(), "a version past the bound")
+		}
+	}
+	// Signals: three per run, and no payload over 64 KiB.
+	for i := range 4 {
+		res := sys.GraphQL(a.owner, `mutation($id: ID!, $n: String!) { signalRun(id: $id, name: $n) { ignored } }`,
+			map[string]any{"id": a.waitingRun, "n": fmt.Sprintf("other-%d", i)})
+		if i < 3 {
+			require.Empty(t, res.Errors, "signal %d", i)
+		} else {
+			assert.Equal(t, quota, res.Codes(), "a signal past the bound")
+		}
+	}
+	res := sys.GraphQL(a.owner, `mutation($id: ID!, $p: JSON) { signalRun(id: $id, name: "big", payload: $p) { ignored } }`,
+		map[string]any{"id": a.run, "p": map[string]string{"x": strings.Repeat("x", 70<<10)}})
+	assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes())
+	// Webhook endpoints: the world made one; one more fits.
+	for i := range 2 {
+		res := sys.GraphQL(a.owner, `mutation { createWebhookEndpoint(input: {url: "https://127.0.0.1:9/", eventTypes: ["run.failed"]}) { secret } }`, nil)
+		if i < 1 {
+			require.Empty(t, res.Errors)
+		} else {
+			assert.Equal(t, quota, res.Codes(), "an endpoint past the bound")
+		}
+	}
+	// Rotations keep at most two live secrets.
+	for range 3 {
+		require.Empty(t, sys.GraphQL(a.owner, `mutation($id: ID!) { rotateWebhookSecret(id: $id) { secret } }`, map[string]any{"id": a.endpoint}).Errors)
+	}
+	var ep struct {
+		WebhookEndpoint struct{ Secrets []struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `query($id: ID!) { webhookEndpoint(id: $id) { secrets { id } } }`, map[string]any{"id": a.endpoint}).Decode(t, &ep)
+	assert.Len(t, ep.WebhookEndpoint.Secrets, 2, "the current secret and the one in its grace period")
+	// Test pings: ten an hour (the world sent one).
+	limited := 0
+	for range 10 {
+		res := sys.GraphQL(a.owner, `mutation($id: ID!) { sendWebhookTestPing(endpointId: $id) { id } }`, map[string]any{"id": a.endpoint})
+		if slices.Equal(res.Codes(), []string{"RATE_LIMITED"}) {
+			limited++
+		}
+	}
+	assert.Equal(t, 1, limited, "the eleventh ping of the hour")
 }

@@ -398,11 +398,18 @@ func (r *queryResolver) Run(ctx context.Context, id uuid.UUID) (*engine.RunView,
 }
 
 // APIKeys is the resolver for the apiKeys field.
-func (r *queryResolver) APIKeys(ctx context.Context) ([]auth.Key, error) {
+func (r *queryResolver) APIKeys(ctx context.Context, first *int, after *uuid.UUID) ([]auth.Key, error) {
+	n := 100
+	if first != nil {
+		n = *first
+	}
+	if n < 1 || n > 500 {
+		return nil, errs.E(errs.Invalid, "first must be between 1 and 500")
+	}
 	var out []auth.Key
 	err := r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
 		var err error
-		out, err = auth.Keys{}.List(ctx, tx)
+		out, err = auth.Keys{}.List(ctx, tx, n, after)
 		return err
 	})
 	return out, err

@@ -76,7 +76,7 @@ func complexity() ComplexityRoot {
 	}
 	c.Query.Runs = func(child int, first *int, _ *string, _ *model.RunFilter) int { return 1 + page(first)*child }
 	c.Query.Workflows = func(child int, first *int, _ *string) int { return 1 + page(first)*child }
-	c.Query.APIKeys = func(child int) int { return 1 + 50*child }
+	c.Query.APIKeys = func(child int, first *int, _ *uuid.UUID) int { return 1 + page(first)*child }
 	c.Query.Members = func(child int) int { return 1 + 50*child }
 	c.Query.Workers = func(child int) int { return 1 + 100*child }
 	c.Query.WebhookEndpoints = func(child int) int { return 1 + 50*child }

@@ -29,6 +29,13 @@ type Limits struct {
 	// SpendCapCents, when set, is the most a tenant spends in a month (in
 	// minor units of its plan's currency): at it, new runs are refused.
 	SpendCapCents int64 `json:"spend_cap_cents,omitempty"`
+	// What a tenant may accumulate: signals stored per run, versions per
+	// workflow, live (unrevoked, unexpired) API keys, webhook endpoints.
+	// Past one, creating another is QUOTA_EXCEEDED.
+	MaxSignalsPerRun    int `json:"max_signals_per_run,omitempty"`
+	MaxWorkflowVersions int `json:"max_workflow_versions,omitempty"`
+	MaxAPIKeys          int `json:"max_api_keys,omitempty"`
+	MaxWebhookEndpoints int `json:"max_webhook_endpoints,omitempty"`
 }
 
 // merge returns l with every zero field taken from def.
@@ -51,11 +58,24 @@ func (l Limits) merge(def Limits) Limits {
 	if l.SpendCapCents == 0 {
 		l.SpendCapCents = def.SpendCapCents
 	}
+	if l.MaxSignalsPerRun == 0 {
+		l.MaxSignalsPerRun = def.MaxSignalsPerRun
+	}
+	if l.MaxWorkflowVersions == 0 {
+		l.MaxWorkflowVersions = def.MaxWorkflowVersions
+	}
+	if l.MaxAPIKeys == 0 {
+		l.MaxAPIKeys = def.MaxAPIKeys
+	}
+	if l.MaxWebhookEndpoints == 0 {
+		l.MaxWebhookEndpoints = def.MaxWebhookEndpoints
+	}
 	return l
 }
 
 func (l Limits) validate() error {
-	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 || l.SpendCapCents < 0 {
+	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 || l.SpendCapCents < 0 ||
+		l.MaxSignalsPerRun < 0 || l.MaxWorkflowVersions < 0 || l.MaxAPIKeys < 0 || l.MaxWebhookEndpoints < 0 {
 		return errs.E(errs.Invalid, "limits must not be negative (weight at most 1000)")
 	}
 	return nil

@@ -173,11 +173,23 @@ func (s Service) Redeliver(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (D
 	return s.Delivery(ctx, tx, id)
 }
 
+// MaxPingsPerHour bounds the test pings of one endpoint.
+const MaxPingsPerHour = 10
+
 // Ping queues a webhook.test delivery to one endpoint (enabled or not:
 // a ping checks a fix before re-enabling).
 func (s Service) Ping(ctx context.Context, tx *tenants.Tx, endpoint uuid.UUID, now time.Time) (Delivery, error) {
 	if err := s.lock(ctx, tx, endpoint); err != nil {
 		return Delivery{}, err
+	}
+	var recent int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 AND event_type = $3
+		AND id >= composer_uuid_floor(now() - interval '1 hour')`, tx.Tenant, endpoint, EventTest).Scan(&recent); err != nil {
+		return Delivery{}, fmt.Errorf("count pings: %w", err)
+	}
+	if recent >= MaxPingsPerHour {
+		return Delivery{}, &errs.Error{Kind: errs.RateLimited, RetryAfter: 10 * time.Minute,
+			Message: fmt.Sprintf("at most %d test pings per endpoint an hour", MaxPingsPerHour)}
 	}
 	id := uuid.Must(uuid.NewV7())
 	body, err := json.Marshal(map[string]any{"type": EventTest, "timestamp": now.UTC().Format(time.RFC3339Nano),

@@ -34,7 +34,8 @@ var EventTypes = []string{EventRunCompleted, EventRunFailed, EventRunCancelled}
 
 // Limits of the endpoint API.
 const (
-	// MaxEndpoints is the most endpoints a tenant may have.
+	// MaxEndpoints is the most endpoints a tenant may have when its plan
+	// says nothing (plans set max_webhook_endpoints).
 	MaxEndpoints = 20
 	// MaxGrace bounds a rotation's grace period.
 	MaxGrace = 7 * 24 * time.Hour
@@ -187,8 +188,12 @@ func (s Service) Create(ctx context.Context, tx *tenants.Tx, p CreateParams) (En
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE tenant_id = $1`, tx.Tenant).Scan(&n); err != nil {
 		return Endpoint{}, "", fmt.Errorf("count endpoints: %w", err)
 	}
-	if n >= MaxEndpoints {
-		return Endpoint{}, "", errs.E(errs.QuotaExceeded, "a tenant may have at most %d webhook endpoints", MaxEndpoints)
+	l, err := tenants.EffectiveLimits(ctx, tx)
+	if err != nil {
+		return Endpoint{}, "", err
+	}
+	if max := cmpOr(l.MaxWebhookEndpoints, MaxEndpoints); n >= max {
+		return Endpoint{}, "", errs.E(errs.QuotaExceeded, "a tenant may have at most %d webhook endpoints on its plan", max)
 	}
 	id := uuid.Must(uuid.NewV7())
 	if _, err := tx.Exec(ctx, `INSERT INTO webhook_endpoints (tenant_id, id, url, description, event_types, created_by)
@@ -229,8 +234,10 @@ func (s Service) Rotate(ctx context.Context, tx *tenants.Tx, id uuid.UUID, grace
 	if err := s.lock(ctx, tx, id); err != nil {
 		return Endpoint{}, "", err
 	}
-	// Drop secrets whose grace ended, end the current one's, add a new one.
-	if _, err := tx.Exec(ctx, `DELETE FROM webhook_secrets WHERE tenant_id = $1 AND endpoint_id = $2 AND expires_at <= now()`,
+	// At most two secrets live: drop every rotated-out one (a rotation
+	// during another's grace period ends that grace), end the current
+	// one's life after grace, add a new one.
+	if _, err := tx.Exec(ctx, `DELETE FROM webhook_secrets WHERE tenant_id = $1 AND endpoint_id = $2 AND expires_at IS NOT NULL`,
 		tx.Tenant, id); err != nil {
 		return Endpoint{}, "", fmt.Errorf("drop expired secrets: %w", err)
 	}
@@ -392,4 +399,11 @@ func (s Service) List(ctx context.Context, tx *tenants.Tx) ([]Endpoint, error) {
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+func cmpOr(v, d int) int {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
