@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -266,4 +267,34 @@ func TestTimersSurviveTheProcessThatScheduledThem(t *testing.T) {
 	require.Equal(t, "completed", run.Status)
 	require.NotNil(t, tasks["nap"].FinishedAt)
 	assert.GreaterOrEqual(t, tasks["nap"].FinishedAt.Sub(started), 2*time.Second-50*time.Millisecond, "the sleep kept its duration")
+}
+
+// TestHTTPStepErrorsRevealNothingOfTheNetwork: an HTTP step to a blocked
+// address, to a name that does not resolve, or on a port that is not
+// allowed fails with the same reason a tenant cannot learn the network
+// from: no resolved address, no resolver, no "no such host".
+func TestHTTPStepErrorsRevealNothingOfTheNetwork(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t, func(c *config.Config) { c.AllowPrivateNetworks = nil })
+	sys.StartWorker(apptest.WorkerOptions{})
+	reasons := map[string]string{}
+	for name, url := range map[string]string{
+		"private":  "http://10.0.0.1/x",
+		"metadata": "http://169.254.169.254/latest/meta-data/",
+		"no such":  "http://no-such-host.invalid/x",
+		"loopback": "http://127.0.0.1:5432/",
+		"bad port": "http://1.1.1.1:22/",
+	} {
+		wf := sys.Workflow(fmt.Sprintf(`{"nodes":[{"id":"h","type":"http","http":{"method":"GET","url":%q},"retry":{"max_attempts":1}}]}`, url))
+		run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
+		require.Equal(t, "failed", run.Status, name)
+		msg := string(tasks["h"].LastError)
+		for _, detail := range []string{"ssrf", "private", "link-local", "loopback", "no such host", "127.0.0.53", "resolved", "lookup"} {
+			assert.NotContains(t, msg, detail, "%s: %s", name, msg)
+		}
+		assert.Contains(t, msg, "is not reachable", name)
+		assert.Equal(t, "http_unreachable", errCode(t, tasks["h"].LastError), "%s: one code for every reason", name)
+		reasons[name] = msg
+	}
+	t.Logf("%v", reasons)
 }

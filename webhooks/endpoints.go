@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -126,14 +127,19 @@ func (s Service) checkURL(raw string) (string, error) {
 	if u.Fragment != "" {
 		return "", errs.E(errs.Invalid, "url: must not have a fragment")
 	}
-	if ip, err := netip.ParseAddr(u.Hostname()); err == nil && s.Policy != nil {
-		if err := s.Policy.Check(ip); err != nil {
-			return "", errs.E(errs.Invalid, "url: %s may not be called (%v)", ip, err)
+	// Refuse now what delivery would refuse every time: local names, IP
+	// literals of any spelling the policy blocks, ports it does not allow.
+	if s.Policy != nil && !s.Dev {
+		if err := s.Policy.CheckHostName(u.Hostname()); err != nil {
+			return "", errs.E(errs.Invalid, "url: %s may not be called: webhooks may only call public addresses", u.Hostname())
+		}
+		if port, err := strconv.Atoi(u.Port()); err == nil && !s.Policy.PortAllowed(port) {
+			return "", errs.E(errs.Invalid, "url: port %d may not be called (allowed: 80, 443 and the server's COMPOSER_ALLOWED_PORTS)", port)
 		}
 	}
-	if h := strings.ToLower(u.Hostname()); h == "localhost" || strings.HasSuffix(h, ".localhost") {
-		if !s.Dev {
-			return "", errs.E(errs.Invalid, "url: localhost may not be called")
+	if ip, err := netip.ParseAddr(u.Hostname()); err == nil && s.Policy != nil {
+		if err := s.Policy.Check(ip); err != nil {
+			return "", errs.E(errs.Invalid, "url: %s may not be called: webhooks may only call public addresses", ip)
 		}
 	}
 	return u.String(), nil

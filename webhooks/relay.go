@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -402,26 +401,12 @@ func (r *Relay) describe(host string, err error) string {
 		err = ue.Err
 	}
 	var ne interface{ Timeout() bool }
-	var dnsErr *net.DNSError
-	literal := net.ParseIP(strings.Trim(host, "[]")) != nil
-	switch {
-	case errors.Is(err, ssrf.ErrBlocked) && literal:
-		return "refused before connecting: " + err.Error() + " (webhooks may only call public addresses)"
-	case errors.Is(err, ssrf.ErrBlocked):
-		r.Log.Info("webhook refused by the SSRF policy", zap.String("host", host), zap.Error(err))
-		return "refused before connecting: " + host + " resolves to a non-public address (webhooks may only call public addresses)"
-	case errors.As(err, &dnsErr):
-		if dnsErr.IsNotFound {
-			return "could not resolve " + host + ": no such host"
-		}
-		r.Log.Info("webhook host did not resolve", zap.String("host", host), zap.Error(err))
-		return "could not resolve " + host
-	case errors.As(err, &ne) && ne.Timeout():
-		return fmt.Sprintf("no response within %s", r.Timeout)
+	if reason, ok := ssrf.Describe(host, err); ok {
+		r.Log.Info("webhook could not reach its endpoint", zap.String("host", host), zap.Error(err))
+		return reason
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return "could not connect to " + host + ": " + truncate(op.Err.Error(), 200)
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Sprintf("no response within %s", r.Timeout)
 	}
 	return truncate(err.Error(), 500)
 }

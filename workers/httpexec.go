@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/composer-dev/composer/internal/ssrf"
 )
 
@@ -31,6 +33,9 @@ var keptHeaders = []string{"Content-Type", "Location", "ETag", "Last-Modified", 
 // attempt number.
 type HTTP struct {
 	client *http.Client
+	// Log hears what a failure's tenant-facing reason leaves out (resolved
+	// addresses, resolvers); nil logs nothing.
+	Log *zap.Logger
 }
 
 // NewHTTP returns the http executor using policy for every connection.
@@ -90,7 +95,7 @@ func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return nil, requestFailure(ctx, err)
+		return nil, h.requestFailure(ctx, req.URL.Hostname(), err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
@@ -123,14 +128,28 @@ func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 	return nil, f
 }
 
-func requestFailure(ctx context.Context, err error) *Failure {
-	switch {
-	case errors.Is(err, ssrf.ErrBlocked):
-		return Permanent("ssrf_blocked", "%v", unwrapURLError(err))
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+// requestFailure is what the tenant reads of a request that got no
+// response: never our network's details (a resolved internal address,
+// the resolver, whether a name exists), which go to the log.
+func (h *HTTP) requestFailure(ctx context.Context, host string, err error) *Failure {
+	inner := unwrapURLError(err)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return Retryable("http_timeout", "the request timed out")
 	}
-	return Retryable("http_network", "%v", unwrapURLError(err))
+	reason, known := ssrf.Describe(host, inner)
+	if known && h.Log != nil {
+		h.Log.Info("http step could not reach its host", zap.String("host", host), zap.Error(inner))
+	}
+	switch {
+	case ssrf.Unreachable(inner):
+		// A refused address and a name that does not resolve get the same
+		// code, and both may be retried (a resolver can fail for a moment):
+		// otherwise the attempts a run spends would tell them apart.
+		return Retryable("http_unreachable", "%s", reason)
+	case known:
+		return Retryable("http_network", "%s", reason)
+	}
+	return Retryable("http_network", "%v", inner)
 }
 
 func unwrapURLError(err error) error {

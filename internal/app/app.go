@@ -159,9 +159,9 @@ func (s *Server) meter() billing.Meter {
 // secret key, the delivery relay.
 func (s *Server) setupWebhooks() error {
 	d := s.Deps
-	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks)
+	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks, d.Cfg.AllowedPorts...)
 	if err != nil {
-		return fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS: %w", err)
+		return fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS or COMPOSER_ALLOWED_PORTS: %w", err)
 	}
 	s.Webhooks = webhooks.Service{Policy: policy, Dev: d.Cfg.Dev}
 	if len(d.Cfg.WebhookSecretKeys) == 0 {
@@ -329,9 +329,9 @@ func NewWorker(d *Deps, serverURL string) (*workers.Worker, error) {
 		return nil, errors.New("COMPOSER_WORKER_TOKEN is a tenant API key: `composer worker` is the platform's worker and needs the " +
 			"platform token; a tenant runs its own code with the Go SDK (sdk/worker), which needs only the server URL and the key")
 	}
-	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks)
+	policy, err := ssrf.NewPolicy(d.Cfg.AllowPrivateNetworks, d.Cfg.AllowedPorts...)
 	if err != nil {
-		return nil, fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS: %w", err)
+		return nil, fmt.Errorf("COMPOSER_ALLOW_PRIVATE_NETWORKS or COMPOSER_ALLOWED_PORTS: %w", err)
 	}
 	executors := map[string]workers.Executor{"http": workers.NewHTTP(policy), "noop": workers.Noop}
 	api := taskapi.NewClient(serverURL, d.Cfg.WorkerToken)

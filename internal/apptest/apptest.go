@@ -136,7 +136,7 @@ type WorkerOptions struct {
 // ends (or stop is called).
 func (s *System) StartWorker(o WorkerOptions) (w *workers.Worker, stop func()) {
 	s.T.Helper()
-	policy, err := ssrf.NewPolicy(s.Cfg.AllowPrivateNetworks)
+	policy, err := ssrf.NewPolicy(s.Cfg.AllowPrivateNetworks, s.Cfg.AllowedPorts...)
 	require.NoError(s.T, err)
 	executors := map[string]workers.Executor{"http": workers.NewHTTP(policy), "noop": workers.Noop}
 	if o.Noop != nil {

@@ -96,6 +96,10 @@ type Config struct {
 	// may reach although they are private (local development and tests only).
 	AllowPrivateNetworks []string
 
+	// AllowedPorts are the ports outbound requests to public addresses may
+	// use besides 80 and 443.
+	AllowedPorts []int
+
 	// BillingExportURL, when set, receives every usage record (a JSON
 	// batch per POST); empty turns export off.
 	BillingExportURL string
@@ -189,6 +193,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_DEFAULT_STREAM_SHARDS", &c.DefaultStreamShards, 1, 256)
 	p.integer("COMPOSER_RETENTION_MONTHS", &c.RetentionMonths, 1, 1200)
 	p.list("COMPOSER_ALLOW_PRIVATE_NETWORKS", &c.AllowPrivateNetworks)
+	p.ports("COMPOSER_ALLOWED_PORTS", &c.AllowedPorts)
 	p.list("COMPOSER_ALLOWED_ORIGINS", &c.AllowedOrigins)
 	p.str("COMPOSER_JWT_ISSUER", &c.JWTIssuer)
 	p.str("COMPOSER_JWT_AUDIENCE", &c.JWTAudience)
@@ -310,6 +315,19 @@ func (p *parser) integer(name string, dst *int, lo, hi int) {
 		return
 	}
 	*dst = n
+}
+
+func (p *parser) ports(name string, dst *[]int) {
+	var items []string
+	p.list(name, &items)
+	for _, it := range items {
+		n, err := strconv.Atoi(it)
+		if err != nil || n < 1 || n > 65535 {
+			p.fail(name, "%q is not a port (1-65535)", it)
+			continue
+		}
+		*dst = append(*dst, n)
+	}
 }
 
 func (p *parser) list(name string, dst *[]string) {

@@ -28,6 +28,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -42,13 +44,20 @@ const maxRedirects = 5
 // Policy blocks every non-public address and allows nothing extra.
 type Policy struct {
 	allow []netip.Prefix
+	ports map[int]bool
 }
 
+// DefaultPorts are the ports a public address may be reached on unless the
+// policy allows more.
+var DefaultPorts = []int{80, 443}
+
 // NewPolicy returns a policy that blocks every non-public address, except
-// the CIDRs in allow (for local development and tests, e.g. "127.0.0.0/8").
-// A bad CIDR is an error naming it.
-func NewPolicy(allow []string) (*Policy, error) {
-	p := &Policy{allow: make([]netip.Prefix, 0, len(allow))}
+// the CIDRs in allow (for local development and tests, e.g. "127.0.0.0/8"),
+// and every port of a public address but DefaultPorts and ports. An
+// allowed private CIDR may be reached on any port. A bad CIDR or port is
+// an error naming it.
+func NewPolicy(allow []string, ports ...int) (*Policy, error) {
+	p := &Policy{allow: make([]netip.Prefix, 0, len(allow)), ports: map[int]bool{}}
 	for _, s := range allow {
 		pfx, err := netip.ParsePrefix(s)
 		if err != nil {
@@ -56,7 +65,34 @@ func NewPolicy(allow []string) (*Policy, error) {
 		}
 		p.allow = append(p.allow, pfx.Masked())
 	}
+	for _, port := range append(append([]int{}, DefaultPorts...), ports...) {
+		if port < 1 || port > 65535 {
+			return nil, fmt.Errorf("ssrf: invalid port %d", port)
+		}
+		p.ports[port] = true
+	}
 	return p, nil
+}
+
+// PortAllowed reports whether a public address may be called on port.
+func (p *Policy) PortAllowed(port int) bool { return p.ports == nil || p.ports[port] }
+
+// CheckAddr is Check plus the port: a public address only on an allowed
+// port, an allow-listed one on any.
+func (p *Policy) CheckAddr(ip netip.Addr, port int) error {
+	if err := p.Check(ip); err != nil {
+		return err
+	}
+	norm := ip.Unmap().WithZone("")
+	for _, a := range p.allow {
+		if a.Contains(norm) {
+			return nil
+		}
+	}
+	if p.ports != nil && !p.ports[port] {
+		return &blockedError{addr: netip.AddrPortFrom(ip, uint16(port)).String(), reason: "on a port that is not allowed"}
+	}
+	return nil
 }
 
 type rule struct {
@@ -147,15 +183,11 @@ func (p *Policy) Check(ip netip.Addr) error {
 // address actually being dialed. By then the host is an IP literal; anything
 // else is blocked.
 func (p *Policy) Control(network, address string, _ syscall.RawConn) error {
-	host, _, err := net.SplitHostPort(address)
+	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
-		return fmt.Errorf("%w: cannot parse dial address %q (%s)", ErrBlocked, address, network)
+		return fmt.Errorf("%w: dial address %q is not an IP literal and port (%s)", ErrBlocked, address, network)
 	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return fmt.Errorf("%w: dial address %q is not an IP literal (%s)", ErrBlocked, address, network)
-	}
-	return p.Check(ip)
+	return p.CheckAddr(ap.Addr(), int(ap.Port()))
 }
 
 // Dialer returns a net.Dialer whose Control enforces the policy (timeout
@@ -186,13 +218,13 @@ func (p *Policy) Transport() *http.Transport {
 	}
 }
 
-// Client returns an *http.Client using Transport() with the given overall
-// timeout (0 means none). It follows at most 5 redirects and refuses
+// Client returns an *http.Client using ResolvingTransport with the
+// system's resolver and the given overall timeout (0 means none). It follows at most 5 redirects and refuses
 // redirects to non-http(s) schemes; every hop dials through the same
 // Control, so a redirect to a blocked address fails at connect time.
 func (p *Policy) Client(timeout time.Duration) *http.Client {
 	return &http.Client{
-		Transport: p.Transport(),
+		Transport: p.ResolvingTransport(net.DefaultResolver),
 		Timeout:   timeout,
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			// via holds the original request and earlier hops, so
@@ -243,9 +275,10 @@ func (p *Policy) ResolvingTransport(r Resolver) *http.Transport {
 				return nil, err
 			}
 		}
+		portNum, _ := strconv.Atoi(port)
 		var refused error
 		for _, ip := range addrs {
-			if err := p.Check(ip.Unmap()); err != nil {
+			if err := p.CheckAddr(ip.Unmap(), portNum); err != nil {
 				if refused == nil && literal {
 					refused = err
 				} else if refused == nil {
@@ -265,4 +298,68 @@ func (p *Policy) ResolvingTransport(r Resolver) *http.Transport {
 		return nil, refused
 	}
 	return t
+}
+
+// Describe says why a request to host got no response, for the tenant who
+// asked for it: what went wrong, but nothing of the network it ran in. A
+// refused address, a name that does not resolve and a resolver failure
+// read the same ("not reachable"), so a tenant cannot map internal names
+// or addresses by asking; the details are for the operator's log. ok is
+// false when err is none of those (the caller describes it).
+func Describe(host string, err error) (reason string, ok bool) {
+	var op *net.OpError
+	switch {
+	case Unreachable(err):
+		return host + " is not reachable: only public addresses on allowed ports may be called", true
+	case errors.As(err, &op) && op.Op == "dial":
+		return "could not connect to " + host, true
+	}
+	return "", false
+}
+
+// Unreachable reports a refusal by the policy or a failure to resolve:
+// the errors Describe words alike, which callers must also treat alike.
+func Unreachable(err error) bool {
+	var dnsErr *net.DNSError
+	return errors.Is(err, ErrBlocked) || errors.As(err, &dnsErr)
+}
+
+// CheckHostName refuses, when a URL is entered, hosts that can only ever
+// be refused when called: localhost names (any case, with or without the
+// trailing dot) and IP literals in every spelling (dotted, numeric,
+// hexadecimal, octal, bracketed IPv6) that the policy blocks. Names that
+// resolve to blocked addresses are refused when called.
+func (p *Policy) CheckHostName(host string) error {
+	h := strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if h == "" || h == "localhost" || strings.HasSuffix(h, ".localhost") {
+		return fmt.Errorf("%w: %q is a local name", ErrBlocked, host)
+	}
+	if ip, err := netip.ParseAddr(h); err == nil {
+		return p.Check(ip)
+	}
+	if numericHost(h) {
+		return fmt.Errorf("%w: %q is a numeric host (use a name or a dotted public address)", ErrBlocked, host)
+	}
+	return nil
+}
+
+// numericHost reports a host made only of digits, dots and hex markers
+// ("2130706433", "0x7f.1", "127.1", "0177.0.0.1"): resolvers read these
+// as IPv4 addresses.
+func numericHost(h string) bool {
+	for _, label := range strings.Split(h, ".") {
+		l := strings.TrimPrefix(label, "0x")
+		if l == "" {
+			return true
+		}
+		for _, r := range l {
+			if !strings.ContainsRune("0123456789abcdef", r) {
+				return false
+			}
+		}
+		if l == label && strings.ContainsAny(l, "abcdef") {
+			return false // a hex-looking word without 0x is a name ("cafe")
+		}
+	}
+	return true
 }

@@ -116,7 +116,9 @@ func TestControl(t *testing.T) {
 		address string
 		blocked bool
 	}{
-		{"8.8.8.8:53", false},
+		{"8.8.8.8:443", false},
+		{"8.8.8.8:80", false},
+		{"8.8.8.8:53", true}, // a public address, on a port not allowed
 		{"[2606:4700:4700::1111]:443", false},
 		{"127.0.0.1:80", true},
 		{"[::1]:443", true},
@@ -427,5 +429,46 @@ func TestClientRedirectLimits(t *testing.T) {
 			assert.ErrorIs(t, err, ErrBlocked)
 			assert.Contains(t, err.Error(), "scheme")
 		})
+	}
+}
+
+func TestPortsAreLimitedOnPublicAddressesOnly(t *testing.T) {
+	t.Parallel()
+	p, err := NewPolicy([]string{"127.0.0.0/8"}, 8443)
+	require.NoError(t, err)
+	assert.NoError(t, p.CheckAddr(netip.MustParseAddr("8.8.8.8"), 8443), "a configured port")
+	assert.ErrorIs(t, p.CheckAddr(netip.MustParseAddr("8.8.8.8"), 22), ErrBlocked)
+	assert.NoError(t, p.CheckAddr(netip.MustParseAddr("127.0.0.1"), 5432), "an allow-listed network on any port")
+	_, err = NewPolicy(nil, 70000)
+	assert.Error(t, err)
+}
+
+func TestDescribeRevealsNothingOfTheNetwork(t *testing.T) {
+	t.Parallel()
+	blocked := fmt.Errorf("%w (resolved from internal.corp)", &blockedError{addr: "10.1.2.3", reason: "a private address"})
+	notFound := &net.DNSError{Err: "no such host", Name: "nope.example", Server: "10.0.0.53:53", IsNotFound: true}
+	failed := &net.DNSError{Err: "server misbehaving", Name: "x.example", Server: "10.0.0.53:53"}
+	var reasons []string
+	for _, err := range []error{blocked, notFound, failed} {
+		r, ok := Describe("host.example", err)
+		require.True(t, ok)
+		for _, secret := range []string{"10.1.2.3", "10.0.0.53", "internal.corp", "private", "no such host"} {
+			assert.NotContains(t, r, secret)
+		}
+		reasons = append(reasons, r)
+	}
+	assert.Equal(t, reasons[0], reasons[1], "a refused address and a missing name read the same")
+	assert.Equal(t, reasons[1], reasons[2])
+}
+
+func TestCheckHostNameRefusesWhatCanNeverBeCalled(t *testing.T) {
+	t.Parallel()
+	p := mustPolicy(t)
+	for _, h := range []string{"localhost", "LOCALHOST.", "api.localhost", "127.0.0.1", "[::1]", "2130706433", "0x7f.1", "127.1",
+		"0177.0.0.1", "10.0.0.1", "0x7f000001"} {
+		assert.ErrorIs(t, p.CheckHostName(h), ErrBlocked, h)
+	}
+	for _, h := range []string{"example.com", "cafe.example", "8.8.8.8", "hooks.example.org.", "deadbeef.io"} {
+		assert.NoError(t, p.CheckHostName(h), h)
 	}
 }
