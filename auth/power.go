@@ -71,6 +71,9 @@ func PowerOf(p Principal) Power {
 	return PowerOfRole(p.Role)
 }
 
+// Can reports whether the power includes action.
+func (p Power) Can(action Action) bool { return p.actions[action] }
+
 // Owner reports whether the power carries an owner's authority.
 func (p Power) Owner() bool { return p.owner }
 

@@ -202,3 +202,31 @@ func nodeConfig(n *dag.Node) json.RawMessage {
 	}
 	return b
 }
+
+// MaskedValue replaces what MaskHeaders hides.
+const MaskedValue = "********"
+
+// MaskHeaders returns a stored definition with every HTTP step header
+// value replaced by MaskedValue (the names stay), for readers who may not
+// change the workflow. A definition that does not decode is returned
+// masked whole.
+func MaskHeaders(def json.RawMessage) json.RawMessage {
+	var d map[string]any
+	if err := json.Unmarshal(def, &d); err != nil {
+		return json.RawMessage(`{}`)
+	}
+	nodes, _ := d["nodes"].([]any)
+	for _, n := range nodes {
+		node, _ := n.(map[string]any)
+		h, _ := node["http"].(map[string]any)
+		headers, _ := h["headers"].(map[string]any)
+		for k := range headers {
+			headers[k] = MaskedValue
+		}
+	}
+	out, err := json.Marshal(d)
+	if err != nil {
+		return json.RawMessage(`{}`)
+	}
+	return out
+}

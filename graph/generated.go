@@ -50,6 +50,7 @@ type ResolverRoot interface {
 	WebhookDelivery() WebhookDeliveryResolver
 	Worker() WorkerResolver
 	Workflow() WorkflowResolver
+	WorkflowVersion() WorkflowVersionResolver
 }
 
 type DirectiveRoot struct {
@@ -461,6 +462,9 @@ type WorkerResolver interface {
 type WorkflowResolver interface {
 	Versions(ctx context.Context, obj *engine.Workflow, first *int, before *int) ([]engine.Version, error)
 	Version(ctx context.Context, obj *engine.Workflow, number int) (*engine.Version, error)
+}
+type WorkflowVersionResolver interface {
+	Definition(ctx context.Context, obj *engine.Version) (json.RawMessage, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -9396,7 +9400,7 @@ func (ec *executionContext) _WorkflowVersion_definition(ctx context.Context, fie
 			return ec.fieldContext_WorkflowVersion_definition(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Definition, nil
+			return ec.Resolvers.WorkflowVersion().Definition(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
@@ -9407,7 +9411,7 @@ func (ec *executionContext) _WorkflowVersion_definition(ctx context.Context, fie
 	)
 }
 func (ec *executionContext) fieldContext_WorkflowVersion_definition(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("WorkflowVersion", field, false, false, "JSON")
+	return graphql.NewScalarFieldContext("WorkflowVersion", field, true, true, "JSON")
 }
 
 func (ec *executionContext) _WorkflowVersion_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.Version) (ret graphql.Marshaler) {
@@ -12985,22 +12989,23 @@ func (ec *executionContext) _WorkflowVersion(ctx context.Context, sel ast.Select
 		case "workflowId":
 			out.Values[i] = ec._WorkflowVersion_workflowId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "version":
 			out.Values[i] = ec._WorkflowVersion_version(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "definition":
-			out.Values[i] = ec._WorkflowVersion_definition(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._WorkflowVersion_definition(ctx, field, obj)
+				})
 		case "createdAt":
 			out.Values[i] = ec._WorkflowVersion_createdAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))

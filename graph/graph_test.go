@@ -805,3 +805,30 @@ func TestCollectionsAreBounded(t *testing.T) {
 	}
 	assert.Equal(t, 1, limited, "the eleventh ping of the hour")
 }
+
+// TestHTTPHeadersAreMaskedForReaders: HTTP step headers (credentials) are
+// shown to those who may change the workflow and masked for viewers and
+// read-only keys.
+func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "secretive", definition: {nodes: [
+		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer sk_live_123"}}}]}}) { workflow { id } } }`,
+		nil).Decode(t, &created)
+	var key struct{ CreateApiKey struct{ Secret string } }
+	sys.GraphQL(a.owner, `mutation { createApiKey(input: {name: "ro", scopes: ["workflows:read"]}) { secret } }`, nil).Decode(t, &key)
+	q := `query($id: ID!) { workflow(id: $id) { versions { definition } version(number: 1) { definition } } }`
+	vars := map[string]any{"id": created.CreateWorkflow.Workflow.ID}
+	for name, cred := range map[string]string{"viewer": a.viewer, "workflows:read key": key.CreateApiKey.Secret} {
+		res := sys.GraphQL(cred, q, vars)
+		require.Empty(t, res.Errors, name)
+		assert.NotContains(t, string(res.Data), "sk_live_123", "%s sees no header value", name)
+		assert.Contains(t, string(res.Data), "Authorization", "%s sees the header's name", name)
+	}
+	res := sys.GraphQL(a.developer, q, vars)
+	require.Empty(t, res.Errors)
+	assert.Contains(t, string(res.Data), "sk_live_123", "a developer, who may change the workflow, sees it")
+}

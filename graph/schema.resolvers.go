@@ -664,6 +664,20 @@ func (r *workflowResolver) Version(ctx context.Context, obj *engine.Workflow, nu
 	return &out[0], nil
 }
 
+// Definition is the resolver for the definition field.
+func (r *workflowVersionResolver) Definition(ctx context.Context, obj *engine.Version) (json.RawMessage, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if auth.PowerOf(p).Can(auth.ActionWorkflowsWrite) {
+		return obj.Definition, nil
+	}
+	// HTTP step headers often hold credentials: only those who may change
+	// the workflow see them.
+	return engine.MaskHeaders(obj.Definition), nil
+}
+
 // Member returns MemberResolver implementation.
 func (r *Resolver) Member() MemberResolver { return &memberResolver{r} }
 
@@ -700,17 +714,21 @@ func (r *Resolver) Worker() WorkerResolver { return &workerResolver{r} }
 // Workflow returns WorkflowResolver implementation.
 func (r *Resolver) Workflow() WorkflowResolver { return &workflowResolver{r} }
 
+// WorkflowVersion returns WorkflowVersionResolver implementation.
+func (r *Resolver) WorkflowVersion() WorkflowVersionResolver { return &workflowVersionResolver{r} }
+
 type (
-	memberResolver       struct{ *Resolver }
-	mutationResolver     struct{ *Resolver }
-	queryResolver        struct{ *Resolver }
-	runResolver          struct{ *Resolver }
-	subscriptionResolver struct{ *Resolver }
-	taskResolver         struct{ *Resolver }
-	tenantResolver       struct{ *Resolver }
-	tenantLimitsResolver struct{ *Resolver }
-	tenantUsageResolver  struct{ *Resolver }
-	viewerResolver       struct{ *Resolver }
-	workerResolver       struct{ *Resolver }
-	workflowResolver     struct{ *Resolver }
+	memberResolver          struct{ *Resolver }
+	mutationResolver        struct{ *Resolver }
+	queryResolver           struct{ *Resolver }
+	runResolver             struct{ *Resolver }
+	subscriptionResolver    struct{ *Resolver }
+	taskResolver            struct{ *Resolver }
+	tenantResolver          struct{ *Resolver }
+	tenantLimitsResolver    struct{ *Resolver }
+	tenantUsageResolver     struct{ *Resolver }
+	viewerResolver          struct{ *Resolver }
+	workerResolver          struct{ *Resolver }
+	workflowResolver        struct{ *Resolver }
+	workflowVersionResolver struct{ *Resolver }
 )
