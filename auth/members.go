@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,11 +33,17 @@ type Member struct {
 type Members struct{}
 
 func checkSubject(subject string) error {
-	if subject == "" || len(subject) > 255 || strings.IndexFunc(subject, unicode.IsControl) >= 0 {
-		return errs.E(errs.Invalid, "subject must be 1-255 printable characters")
+	if subject == "" || len(subject) > 255 || !utf8.ValidString(subject) || strings.IndexFunc(subject, unprintable) >= 0 {
+		return errs.E(errs.Invalid, "subject must be 1-255 printable characters (no control or bidirectional formatting characters)")
 	}
 	return nil
 }
+
+// unprintable are characters a name shown to people must not hold:
+// controls, and the bidirectional and invisible formatting characters that
+// make text read other than it is (Unicode's Cf category: U+202E, U+2066,
+// U+200B …).
+func unprintable(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }
 
 func checkRole(r Role) error {
 	if !r.Valid() {

@@ -16,13 +16,13 @@ import (
 // process) on env's database and namespace, waits until it serves, and
 // returns its base URL and process. The process is killed at cleanup
 // unless the test killed it.
-func startDev(t *testing.T, env *testenv.Env) (string, *exec.Cmd) {
+func startDev(t *testing.T, env *testenv.Env, extraEnv ...string) (string, *exec.Cmd) {
 	t.Helper()
 	bin := apptest.Binary(t)
 	addr := freeAddr(t)
 	base := "http://" + addr
 	cmd := exec.Command(bin, "dev")
-	cmd.Env = append((&apptest.System{Cfg: apptest.Config(env), URL: base}).ProcessEnv(), "COMPOSER_HTTP_ADDR="+addr)
+	cmd.Env = append(append((&apptest.System{Cfg: apptest.Config(env), URL: base}).ProcessEnv(), "COMPOSER_HTTP_ADDR="+addr), extraEnv...)
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {

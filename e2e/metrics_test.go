@@ -20,7 +20,8 @@ import (
 // transition counters are there, and no series carries a tenant id.
 func TestMetricsEndpointHasFleetFiguresWithoutTenantLabels(t *testing.T) {
 	t.Parallel()
-	base, _ := startDev(t, testenv.New(t))
+	admin := freeAddr(t)
+	base, _ := startDev(t, testenv.New(t), "COMPOSER_ADMIN_ADDR="+admin)
 	post := func(path, body string) {
 		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
 		require.NoError(t, err)
@@ -30,8 +31,13 @@ func TestMetricsEndpointHasFleetFiguresWithoutTenantLabels(t *testing.T) {
 	post("/v1/dev/workflows", `{"name":"parked","definition":{"nodes":[{"id":"w","type":"wait","wait":{"signal":"never"}}]}}`)
 	post("/v1/dev/runs", `{"workflow":"parked"}`)
 
+	// Fleet figures are the operator's: not on the public listener.
+	if resp, err := http.Get(base + "/metrics"); assert.NoError(t, err) {
+		resp.Body.Close()
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, "no /metrics on the public listener")
+	}
 	scrape := func() string {
-		resp, err := http.Get(base + "/metrics")
+		resp, err := http.Get("http://" + admin + "/metrics")
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		require.Equal(t, 200, resp.StatusCode)

@@ -21,6 +21,7 @@ import (
 	"github.com/composer-dev/composer/engine/outbox"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/jsoncheck"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -335,6 +336,9 @@ func normalizeInput(in json.RawMessage) (json.RawMessage, error) {
 	if err := json.Unmarshal(in, &obj); err != nil {
 		return nil, errs.E(errs.Invalid, "input must be a JSON object")
 	}
+	if msg := jsoncheck.Check(in); msg != "" {
+		return nil, errs.E(errs.Invalid, "input %s", msg)
+	}
 	return in, nil
 }
 
@@ -463,8 +467,10 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 		return c.FailTask(ctx, tenant, Report{RunID: r.RunID, TaskID: r.TaskID, NodeID: r.NodeID, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner,
 			Error: sm.Error{Code: "output_too_large", Message: fmt.Sprintf("output is %d bytes; the limit is %d", len(r.Output), MaxInputBytes)}})
 	}
-	if len(r.Output) > 0 && !json.Valid(r.Output) {
-		return Ack{}, errs.E(errs.Invalid, "output is not valid JSON")
+	if len(r.Output) > 0 {
+		if msg := jsoncheck.Check(r.Output); msg != "" {
+			return Ack{}, errs.E(errs.Invalid, "output %s", msg)
+		}
 	}
 	if r.Eager != nil && r.LeaseOwner == "" {
 		return Ack{}, errs.E(errs.Invalid, "an eager offer needs the lease owner")

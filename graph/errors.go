@@ -22,6 +22,19 @@ func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
 		if errors.As(err, &ge) && ge.Err == nil && ge.Extensions != nil && ge.Extensions["code"] != nil {
 			return ge // a pre-execution error with its code
 		}
+		if ge != nil && ge.Err == nil && len(ge.Path) == 0 {
+			// gqlgen refusing the request itself (a body it cannot decode):
+			// the client's mistake, with gqlgen's description.
+			log.Info("graphql request refused", zap.String("reason", ge.Message))
+			return &gqlerror.Error{Message: ge.Message, Locations: ge.Locations, Extensions: map[string]any{"code": string(errs.Invalid)}}
+		}
+		// The cause, as it is before the message is replaced for the client
+		// (DefaultErrorPresenter may return err itself).
+		cause := err
+		if ge != nil && ge.Err != nil {
+			cause = ge.Err
+		}
+		causeText := cause.Error()
 		out := graphql.DefaultErrorPresenter(ctx, err)
 		kind := errs.KindOf(err)
 		out.Message = errs.PublicMessage(err)
@@ -36,7 +49,7 @@ func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
 			}
 		}
 		if kind == errs.Internal {
-			log.Error("graphql resolver failed", zap.String("path", out.Path.String()), zap.Error(err))
+			log.Error("graphql resolver failed", zap.String("path", out.Path.String()), zap.String("error", causeText))
 		}
 		return out
 	}

@@ -9,6 +9,9 @@ import (
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -50,4 +53,21 @@ func TestPanicsBecomeInternalErrors(t *testing.T) {
 	assert.Equal(t, errs.Internal, errs.KindOf(err))
 	assert.NotContains(t, errs.PublicMessage(err), "secret")
 	assert.Equal(t, 1, logs.Len())
+}
+
+// TestInternalErrorsAreLoggedWithTheirCause: gqlgen hands the presenter
+// the resolver's error wrapped in a gqlerror whose message the presenter
+// replaces for the client; the log line keeps the cause.
+func TestInternalErrorsAreLoggedWithTheirCause(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	present := presentError(zap.New(core))
+	ctx := graphql.WithResponseContext(context.Background(), graphql.DefaultErrorPresenter, graphql.DefaultRecover)
+	cause := errors.New("insert run: ERROR: could not serialize access (SQLSTATE 40001)")
+	wrapped := gqlerror.WrapPath(ast.Path{ast.PathName("startRun")}, cause)
+	got := present(ctx, wrapped)
+	assert.Equal(t, "internal error", got.Message, "the client sees no cause")
+	entries := logs.FilterLevelExact(zap.ErrorLevel).All()
+	require.Len(t, entries, 1)
+	assert.Contains(t, entries[0].ContextMap()["error"], "could not serialize access", "the log keeps the cause")
+	assert.Equal(t, "startRun", entries[0].ContextMap()["path"])
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vektah/gqlparser/v2"
 	"github.com/vektah/gqlparser/v2/ast"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine/taskapi"
@@ -831,4 +834,60 @@ func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 	res := sys.GraphQL(a.developer, q, vars)
 	require.Empty(t, res.Errors)
 	assert.Contains(t, string(res.Data), "sk_live_123", "a developer, who may change the workflow, sees it")
+}
+
+// TestClientMistakesAreClientErrors: malformed requests of every shape
+// answer a client error in the GraphQL envelope (never INTERNAL) and are
+// not logged as errors; an oversized chunked body is drained so the client
+// reads its 413 rather than a reset; an INTERNAL error's log line carries
+// its cause.
+func TestClientMistakesAreClientErrors(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	post := func(body io.Reader, chunked bool, credential string) (int, apptest.GQLResponse) {
+		req, err := http.NewRequest(http.MethodPost, sys.URL+"/graphql", body)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		if credential != "" {
+			req.Header.Set("Authorization", "Bearer "+credential)
+		}
+		if chunked {
+			req.ContentLength = -1
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err, "the client reads an answer, not a reset")
+		defer resp.Body.Close()
+		var out apptest.GQLResponse
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+		return resp.StatusCode, out
+	}
+	deep := `{"query":"{ viewer { subject } }","variables":{"x":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}}`
+	for name, c := range map[string]struct {
+		body    string
+		chunked bool
+		status  int
+	}{
+		"batched":          {`[{"query":"{ viewer { subject } }"}]`, false, 400},
+		"nul in variables": {`{"query":"mutation($i: JSON) { startRun(input: {workflowName: \"park\", input: $i}) { run { id } } }","variables":{"i":{"x":"a\u0000b"}}}`, false, 400},
+		"nul in a literal": {`{"query":"{ workflow(id: \"a\u0000\") { id } }"}`, false, 400},
+		"deep":             {deep, false, 400},
+		"malformed":        {`{"query":`, false, 400},
+		"not json":         {`hello`, false, 400},
+		"chunked 2 MiB":    {strings.Repeat("a", 2<<20), true, 413},
+		"2 MiB":            {strings.Repeat("a", 2<<20), false, 413},
+	} {
+		status, res := post(strings.NewReader(c.body), c.chunked, a.owner)
+		assert.Equal(t, c.status, status, name)
+		require.NotEmpty(t, res.Errors, name)
+		assert.Contains(t, []string{"BAD_USER_INPUT", "GRAPHQL_PARSE_FAILED"}, res.Errors[0].Code(), "%s: %v", name, res.Errors)
+	}
+	status, res := post(strings.NewReader(`{"query":"{ viewer { subject } }"}`), false, "")
+	assert.Equal(t, http.StatusUnauthorized, status)
+	assert.Equal(t, []string{"UNAUTHENTICATED"}, res.Codes(), "a 401 in the GraphQL envelope")
+	assert.Zero(t, sys.Logs.FilterLevelExact(zapcore.ErrorLevel).Len(), "no client mistake is logged as an error: %v",
+		sys.Logs.FilterLevelExact(zapcore.ErrorLevel).All())
+
+	// A member subject with bidirectional formatting characters is refused.
+	res = sys.GraphQL(a.owner, `mutation($s: String!) { addMember(subject: $s, role: VIEWER) { subject } }`, map[string]any{"s": "admin\u202e@evil"})
+	assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes())
 }

@@ -418,7 +418,8 @@ func (r *queryResolver) APIKeys(ctx context.Context, first *int, after *uuid.UUI
 // Members is the resolver for the members field.
 func (r *queryResolver) Members(ctx context.Context) ([]auth.Member, error) {
 	var out []auth.Member
-	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	// Members carry email addresses: only those who manage members read them.
+	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
 		var err error
 		out, err = auth.Members{}.List(ctx, tx)
 		return err

@@ -1,8 +1,10 @@
 package graph
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -139,7 +141,7 @@ func NewHandler(o Options) http.Handler {
 
 	// Websocket upgrades authenticate in the init payload (browsers cannot
 	// set headers on them); every other request needs the header.
-	post := r.withLoaders(o.Authn.Middleware(srv))
+	post := r.withLoaders(authenticate(o.Authn, o.Log, srv))
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if isWebsocket(req) {
 			sess := &wsSession{authn: o.Authn, log: o.Log}
@@ -150,11 +152,11 @@ func NewHandler(o Options) http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, "BAD_REQUEST", "use POST, or a websocket for subscriptions")
 			return
 		}
-		if req.ContentLength > o.MaxBodyBytes {
-			writeError(w, http.StatusRequestEntityTooLarge, "BAD_REQUEST", "the request body is too large")
+		body, ok := readBody(w, req, o.MaxBodyBytes)
+		if !ok {
 			return
 		}
-		req.Body = http.MaxBytesReader(w, req.Body, o.MaxBodyBytes)
+		req.Body = io.NopCloser(bytes.NewReader(body))
 		ctx, cancel := context.WithTimeout(req.Context(), o.Timeout)
 		defer cancel()
 		post.ServeHTTP(w, req.WithContext(ctx))

@@ -133,7 +133,15 @@ func (s Service) checkURL(raw string) (string, error) {
 		if err := s.Policy.CheckHostName(u.Hostname()); err != nil {
 			return "", errs.E(errs.Invalid, "url: %s may not be called: webhooks may only call public addresses", u.Hostname())
 		}
-		if port, err := strconv.Atoi(u.Port()); err == nil && !s.Policy.PortAllowed(port) {
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			port = 443
+			if u.Scheme == "http" {
+				port = 80
+			}
+		}
+		ip, literal := netip.ParseAddr(strings.Trim(u.Hostname(), "[]"))
+		if (literal == nil && s.Policy.CheckAddr(ip, port) != nil) || (literal != nil && !s.Policy.PortAllowed(port)) {
 			return "", errs.E(errs.Invalid, "url: port %d may not be called (allowed: 80, 443 and the server's COMPOSER_ALLOWED_PORTS)", port)
 		}
 	}

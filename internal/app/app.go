@@ -133,7 +133,11 @@ type Server struct {
 	Limiter     *tenants.RateLimiter
 	// Poller serves tenant workers' polls.
 	Poller *taskpoll.Poller
-	Mux    *http.ServeMux
+	// Mux is the public listener's; Admin the operator's (metrics, health).
+	Mux   *http.ServeMux
+	Admin *http.ServeMux
+	// AdminAddr is where the admin listener listens, once Run started it.
+	AdminAddr string
 	// Webhooks manages endpoints; Relay delivers (nil without a secret key).
 	Webhooks webhooks.Service
 	Relay    *webhooks.Relay
@@ -207,7 +211,7 @@ type ServerOptions struct {
 
 // NewServer assembles a server over d.
 func NewServer(d *Deps, o ServerOptions) (*Server, error) {
-	s := &Server{Deps: d, Mux: http.NewServeMux(), caps: billing.CapCache{TTL: 10 * time.Second}}
+	s := &Server{Deps: d, Mux: http.NewServeMux(), Admin: http.NewServeMux(), caps: billing.CapCache{TTL: 10 * time.Second}}
 	jwt, err := JWTVerifier(d)
 	if err != nil {
 		return nil, err
@@ -271,9 +275,11 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	if err := engine.RegisterGauges(d.DB); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	s.Mux.Handle("GET /metrics", telemetry.MetricsHandler())
-	s.Mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	s.Mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	// Fleet metrics are for the operator only; health is on both listeners
+	// (a load balancer probes the public one).
+	s.Admin.Handle("GET /metrics", telemetry.MetricsHandler())
+	healthz := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
+	readyz := func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := errors.Join(d.DB.App.Ping(ctx), d.Redis.Ping(ctx).Err()); err != nil {
@@ -281,7 +287,11 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
-	})
+	}
+	for _, m := range []*http.ServeMux{s.Mux, s.Admin} {
+		m.HandleFunc("GET /healthz", healthz)
+		m.HandleFunc("GET /readyz", readyz)
+	}
 	return s, nil
 }
 
@@ -294,6 +304,18 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	}
 	srv := &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
+	var admin *http.Server
+	if s.Cfg.AdminAddr != "" {
+		aln, err := net.Listen("tcp", s.Cfg.AdminAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("COMPOSER_ADMIN_ADDR: listen on %s: %w", s.Cfg.AdminAddr, err)
+		}
+		s.AdminAddr = aln.Addr().String()
+		admin = &http.Server{Handler: s.Admin, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 60 * time.Second}
+		go func() { _ = admin.Serve(aln) }()
+		defer admin.Close()
+	}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); s.Live.Run(ctx) }()

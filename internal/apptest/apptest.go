@@ -23,7 +23,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
@@ -48,6 +50,9 @@ type System struct {
 	URL    string
 	Tenant uuid.UUID
 	Log    *zap.Logger
+	// Logs holds every log entry at info and above, for tests that check
+	// what was logged.
+	Logs *observer.ObservedLogs
 }
 
 // Config returns the configuration tests run with: short leases and sweeps,
@@ -57,6 +62,7 @@ func Config(env *testenv.Env) config.Config {
 	c.DatabaseURL, c.SystemDatabaseURL, c.MigrateDatabaseURL = env.AppURL, env.SystemURL, env.OwnerURL
 	c.RedisURL, c.RedisNamespace = env.RedisURL, env.Namespace
 	c.HTTPAddr = "127.0.0.1:0"
+	c.AdminAddr = "127.0.0.1:0"
 	c.WorkerToken = "test-worker-token"
 	c.LeaseTTL = 2 * time.Second
 	c.SweepInterval = 100 * time.Millisecond
@@ -94,7 +100,10 @@ func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...
 	if tracer != nil {
 		poolOpts = append(poolOpts, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
 	}
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	observed, logs := observer.New(zap.InfoLevel)
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel), zaptest.WrapOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewTee(c, observed)
+	})))
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := app.Open(ctx, cfg, log, true, poolOpts...)
 	require.NoError(t, err)
@@ -116,7 +125,7 @@ func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...
 		<-done
 		d.Close()
 	})
-	return &System{T: t, Env: env, Cfg: cfg, Deps: d, Server: srv, URL: "http://" + addr, Tenant: tn.ID, Log: log}
+	return &System{T: t, Env: env, Cfg: cfg, Deps: d, Server: srv, URL: "http://" + addr, Tenant: tn.ID, Log: log, Logs: logs}
 }
 
 // Coordinator returns the system's coordinator.
@@ -340,5 +349,5 @@ func (s *System) ProcessEnv() []string {
 		"COMPOSER_REDIS_NAMESPACE="+c.RedisNamespace, "COMPOSER_SERVER_URL="+s.URL, "COMPOSER_WORKER_TOKEN="+c.WorkerToken,
 		"COMPOSER_LEASE_TTL="+c.LeaseTTL.String(), "COMPOSER_CLAIM_IDLE="+c.ClaimIdle.String(),
 		"COMPOSER_SWEEP_INTERVAL="+c.SweepInterval.String(), "COMPOSER_LOST_DISPATCH_AGE="+c.LostDispatchAge.String(),
-		"COMPOSER_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128", "COMPOSER_LOG_LEVEL=warn")
+		"COMPOSER_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128", "COMPOSER_LOG_LEVEL=warn", "COMPOSER_ADMIN_ADDR=127.0.0.1:0")
 }

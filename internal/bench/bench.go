@@ -234,6 +234,7 @@ func setupWith(ctx context.Context, opts Options, workerCfg func(*workers.Config
 	}
 	cfg.RedisNamespace = "composer-bench-" + uuid.NewString()[:8]
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.AdminAddr = "127.0.0.1:0"
 	if cfg.WorkerToken == "" {
 		cfg.WorkerToken = "bench-token"
 	}

@@ -176,7 +176,7 @@ func (e *env) serverProcess(ctx context.Context) (url string, pid int, stop func
 	cmd := exec.Command(self, "server")
 	cmd.Env = append(os.Environ(), "COMPOSER_DATABASE_URL="+c.DatabaseURL, "COMPOSER_SYSTEM_DATABASE_URL="+c.SystemDatabaseURL,
 		"COMPOSER_REDIS_URL="+c.RedisURL, "COMPOSER_REDIS_NAMESPACE="+c.RedisNamespace, "COMPOSER_HTTP_ADDR="+addr,
-		"COMPOSER_WORKER_TOKEN="+c.WorkerToken, "COMPOSER_LOG_LEVEL=error")
+		"COMPOSER_WORKER_TOKEN="+c.WorkerToken, "COMPOSER_LOG_LEVEL=error", "COMPOSER_ADMIN_ADDR=127.0.0.1:0")
 	cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return "", 0, nil, err

@@ -35,6 +35,9 @@ type Config struct {
 
 	// HTTPAddr is where `composer server` listens (GraphQL and the task API).
 	HTTPAddr string
+	// AdminAddr is the operator's listener: /metrics, /healthz, /readyz
+	// (empty: none). Keep it off the public network.
+	AdminAddr string
 	// ServerURL is where workers reach the task API.
 	ServerURL string
 	// WorkerToken authenticates platform workers to the task API.
@@ -143,6 +146,7 @@ func Defaults() Config {
 		MaxDeliveries:        5,
 		ShutdownTimeout:      30 * time.Second,
 		HTTPAddr:             "127.0.0.1:8080",
+		AdminAddr:            "127.0.0.1:9090",
 		ServerURL:            "http://127.0.0.1:8080",
 		LogLevel:             "info",
 		LeaseTTL:             30 * time.Second,
@@ -181,6 +185,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_MAX_DELIVERIES", &c.MaxDeliveries, 1, 1000)
 	p.duration("COMPOSER_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 0)
 	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
+	p.str("COMPOSER_ADMIN_ADDR", &c.AdminAddr)
 	p.url("COMPOSER_SERVER_URL", &c.ServerURL, "http", "https")
 	p.str("COMPOSER_WORKER_TOKEN", &c.WorkerToken)
 	p.boolean("COMPOSER_DEV", &c.Dev)
