@@ -190,3 +190,134 @@ func TestLiveReadsEachChangeOnceAndShowsTheTasksAsTheyAreNow(t *testing.T) {
 	t.Logf("%d task reads for %d subscribers of 3 changes", reads, subscribers)
 	assert.LessOrEqual(t, reads, int64(6))
 }
+
+// following opens n runsChanged subscriptions on c and returns once the
+// server has registered each of them: start makes a change, and every one
+// must see it.
+func following(t *testing.T, c *wsClient, prefix string, n int) map[string]bool {
+	t.Helper()
+	ids := map[string]bool{}
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		ids[id] = false
+		c.subscribe(id, `subscription { runsChanged { event } }`, nil)
+	}
+	return ids
+}
+
+// awaitAll reads c until each subscription in ids has had an update.
+func awaitAll(t *testing.T, c *wsClient, ids map[string]bool) {
+	t.Helper()
+	seen := 0
+	for seen < len(ids) {
+		m := c.next(20 * time.Second)
+		require.NotEmpty(t, m.Type, "%d of %d subscriptions saw the change", seen, len(ids))
+		require.NotContains(t, string(m.Payload), "QUOTA_EXCEEDED", "a subscription under every cap was refused")
+		if done, ok := ids[m.ID]; ok && !done && m.Type == "next" {
+			ids[m.ID] = true
+			seen++
+		}
+	}
+}
+
+// refusal subscribes once more on c and returns the error it is answered.
+func refusal(t *testing.T, c *wsClient, id string) string {
+	t.Helper()
+	c.subscribe(id, `subscription { runsChanged { event } }`, nil)
+	for {
+		m := c.next(10 * time.Second)
+		require.NotEmpty(t, m.Type, "no answer to the subscription over the cap")
+		if m.ID == id && (m.Type == "error" || m.Type == "next") {
+			return string(m.Payload)
+		}
+	}
+}
+
+// TestLiveSubscriptionsAreCappedPerPrincipalAndPerTenant: one principal
+// may hold 100 subscriptions on a replica, across any number of sockets;
+// a tenant 500. The one past each cap is QUOTA_EXCEEDED naming the cap,
+// other principals and other tenants keep subscribing, and a closed
+// socket gives its subscriptions back.
+func TestLiveSubscriptionsAreCappedPerPrincipalAndPerTenant(t *testing.T) {
+	t.Parallel()
+	sys, a, b := twoTenants(t)
+	perConn := graph.DefaultSubscriptionsPerConnection
+	conns := graph.DefaultSubscriptionsPerPrincipal / perConn
+	principals := graph.DefaultSubscriptionsPerTenant / graph.DefaultSubscriptionsPerPrincipal
+
+	type sock struct {
+		c   *wsClient
+		ids map[string]bool
+	}
+	var socks []sock
+	for p := range principals {
+		tok := sys.Token(a.id, fmt.Sprintf("watcher-%d@example.com", p), auth.RoleViewer)
+		for i := range conns {
+			c := dialWS(t, sys, tok)
+			socks = append(socks, sock{c, following(t, c, fmt.Sprintf("p%d-c%d", p, i), perConn)})
+		}
+		if p == 0 {
+			// The first principal is full: one more socket of its own is
+			// refused, whatever connection it comes on.
+			startIn(t, sys, a)
+			for _, s := range socks {
+				awaitAll(t, s.c, s.ids)
+			}
+			extra := dialWS(t, sys, tok)
+			msg := refusal(t, extra, "over")
+			assert.Contains(t, msg, "QUOTA_EXCEEDED")
+			assert.Contains(t, msg, "per principal")
+		}
+	}
+	startIn(t, sys, a)
+	for _, s := range socks {
+		for id := range s.ids {
+			s.ids[id] = false
+		}
+		awaitAll(t, s.c, s.ids)
+	}
+
+	// The tenant is full: a new principal of it is refused...
+	lateToken := sys.Token(a.id, "late@example.com", auth.RoleViewer)
+	late := dialWS(t, sys, lateToken)
+	msg := refusal(t, late, "over")
+	assert.Contains(t, msg, "QUOTA_EXCEEDED")
+	assert.Contains(t, msg, "live subscriptions on this server")
+
+	// ...while another tenant is not affected.
+	other := dialWS(t, sys, b.viewer)
+	ids := following(t, other, "b", 1)
+	startIn(t, sys, b)
+	awaitAll(t, other, ids)
+
+	// Closing a socket gives its subscriptions back to the tenant: the
+	// principal refused above may now subscribe.
+	require.NoError(t, socks[0].c.conn.Close(websocket.StatusNormalClosure, ""))
+	require.Eventually(t, func() bool {
+		c := dialWS(t, sys, lateToken)
+		defer func() { _ = c.conn.CloseNow() }()
+		following(t, c, "again", 1)
+		startIn(t, sys, a)
+		for {
+			m := c.next(10 * time.Second)
+			switch {
+			case m.Type == "":
+				return false
+			case strings.Contains(string(m.Payload), "QUOTA_EXCEEDED"):
+				return false
+			case m.ID == "again-0" && m.Type == "next":
+				return true
+			}
+		}
+	}, 20*time.Second, 200*time.Millisecond, "a closed socket's subscriptions were not given back")
+}
+
+// startIn starts a run of w's workflow: a change every follower sees.
+func startIn(t *testing.T, sys *apptest.System, w tenantWorld) {
+	t.Helper()
+	var out struct {
+		StartRun struct{ Run struct{ ID string } }
+	}
+	sys.GraphQL(w.owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": w.workflow}).Decode(t, &out)
+	require.NotEmpty(t, out.StartRun.Run.ID)
+}
