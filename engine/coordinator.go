@@ -214,6 +214,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 			h := requestHash(wid, req.Version, input)
 			// A repeat returns the run it named, admitted or not today.
 			if done, err := existingRun(ctx, tx, req.IdempotencyKey, h, &out); done || err != nil {
+				if err == nil {
+					err = readBack(ctx, tx, out.RunID)
+				}
 				return err
 			}
 			if c.opts.Admit != nil {
@@ -229,6 +232,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 				done, err := existingRun(ctx, tx, req.IdempotencyKey, h, &out)
 				if err == nil && !done {
 					err = errs.E(errs.Conflict, "idempotency key %q names a run that no longer exists", req.IdempotencyKey)
+				}
+				if err == nil {
+					err = readBack(ctx, tx, out.RunID)
 				}
 				return err
 			}
@@ -264,7 +270,7 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 			return err // the input would be amplified past the bound: refuse the start, write nothing
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: wid, version: version}
+			workflowID: wid, version: version, readBack: readBackOf(ctx)}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
 			return err
 		}
@@ -641,6 +647,41 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 	})
 }
 
+// readBackKey carries where a caller wants the run as its event's
+// transaction leaves it.
+type readBackKey struct{}
+
+// WithReadBack asks the coordinator to read the run an event changes (or
+// a start creates) into v inside the event's own transaction, so an API
+// answer is what was committed: no later read can fail for a change that
+// was made. v means something only when the call succeeds, and is left
+// empty (zero ID) when nothing was committed (an ignored event: the
+// caller reads the run as it is) or in the rare case the read failed.
+func WithReadBack(ctx context.Context, v *RunView) context.Context {
+	return context.WithValue(ctx, readBackKey{}, v)
+}
+
+func readBackOf(ctx context.Context) *RunView {
+	v, _ := ctx.Value(readBackKey{}).(*RunView)
+	return v
+}
+
+// readBack reads the run into the caller's read-back target, in a
+// transaction still open (one the persister commits reads it in its
+// commit's batch instead).
+func readBack(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) error {
+	v := readBackOf(ctx)
+	if v == nil {
+		return nil
+	}
+	got, err := GetRun(ctx, tx, runID)
+	if err != nil {
+		return fmt.Errorf("read the run back: %w", err)
+	}
+	*v = got
+	return nil
+}
+
 // ignoredError ends an event's transaction without applying it.
 type ignoredError struct{ reason string }
 
@@ -705,7 +746,7 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 			return ignoredError{tr.Reason}
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: row.workflowID, version: row.version, started: row.started}
+			workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx)}
 		for id, t := range run.Tasks {
 			p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 		}

@@ -13,6 +13,7 @@ import (
 
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/tenants"
 )
 
 func TestRunCompletesThroughTheCoordinator(t *testing.T) {
@@ -293,4 +294,51 @@ func TestTenantsCannotTouchEachOthersRuns(t *testing.T) {
 	_, err = f.c.CancelRun(ctx, other.ID, run, "")
 	assert.True(t, errors.Is(err, errs.NotFound))
 	assert.Equal(t, sm.RunRunning, f.runStatus(run))
+}
+
+// TestReadBackIsTheCommittedRun: a caller asking for the run with its
+// event gets it as the event's own transaction left it — for a start, a
+// repeat of it, a signal and a cancel — with no read after the commit
+// that could fail for a change that was made. An ignored event committed
+// nothing and leaves the target empty.
+func TestReadBackIsTheCommittedRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go"}},{"id":"n","type":"noop","depends_on":["w"]}]}`)
+	committed := func(id uuid.UUID) RunView {
+		var v RunView
+		require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *tenants.Tx) error {
+			var err error
+			v, err = GetRun(ctx, tx, id)
+			return err
+		}))
+		return v
+	}
+	var started RunView
+	res, err := f.c.StartRun(WithReadBack(ctx, &started), f.tenant, StartRun{WorkflowID: wf, IdempotencyKey: "k"})
+	require.NoError(t, err)
+	assert.Equal(t, committed(res.RunID), started)
+
+	var repeated RunView
+	_, err = f.c.StartRun(WithReadBack(ctx, &repeated), f.tenant, StartRun{WorkflowID: wf, IdempotencyKey: "k"})
+	require.NoError(t, err)
+	assert.Equal(t, started, repeated, "a repeat answers the run it named")
+
+	var signalled RunView
+	_, err = f.c.SignalRun(WithReadBack(ctx, &signalled), f.tenant, res.RunID, Signal{ID: "s1", Name: "go"})
+	require.NoError(t, err)
+	assert.Equal(t, committed(res.RunID), signalled)
+	assert.True(t, signalled.UpdatedAt.After(started.UpdatedAt) || signalled.UpdatedAt.Equal(started.UpdatedAt))
+
+	var again RunView
+	ack, err := f.c.SignalRun(WithReadBack(ctx, &again), f.tenant, res.RunID, Signal{ID: "s1", Name: "go"})
+	require.NoError(t, err)
+	assert.True(t, ack.Ignored)
+	assert.Equal(t, uuid.Nil, again.ID, "an ignored event committed nothing to read back")
+
+	var cancelled RunView
+	_, err = f.c.CancelRun(WithReadBack(ctx, &cancelled), f.tenant, res.RunID, "enough")
+	require.NoError(t, err)
+	assert.Equal(t, committed(res.RunID), cancelled)
 }

@@ -39,6 +39,8 @@ type persister struct {
 	// transaction, if any, and next its lease.
 	eagerNode string
 	next      *Lease
+	// readBack, when set, receives the run as the transaction leaves it.
+	readBack *RunView
 
 	b pgx.Batch
 }
@@ -245,6 +247,18 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 	}
 	p.exec(`INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`,
 		tenant, p.runID, sm.Kind(ev), eventNode(ev, ref), task, attempt, detail)
+	if p.readBack != nil {
+		// The API's answer is the run as this transaction leaves it, read
+		// in the same round trip as the COMMIT.
+		// Its failure must not fail the call: the COMMIT behind it in the
+		// pipeline has run by then. The target is left empty instead.
+		p.b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`, tenant, p.runID).QueryRow(func(row pgx.Row) error {
+			if v, err := scanRun(row); err == nil {
+				*p.readBack = v
+			}
+			return nil
+		})
+	}
 	// The transition and its COMMIT travel in one round trip.
 	if err := p.tx.CommitWith(ctx, &p.b); err != nil {
 		if err = guardFailed(err); errors.As(err, new(ignoredError)) {

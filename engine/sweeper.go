@@ -18,9 +18,17 @@ import (
 type SweeperConfig struct {
 	// Interval is how often the lease and dispatch sweeps run (default 5s).
 	Interval time.Duration
-	// LostDispatchAge is how long a pending task may sit with no outbox row
-	// before it is dispatched again (default 2m).
+	// LostDispatchAge is how long a pending task must have been waiting,
+	// with no outbox row, before the sweep asks whether its message still
+	// exists (default 10s); one whose message is gone is dispatched again.
 	LostDispatchAge time.Duration
+	// StillQueued reports whether a message of each task is still in the
+	// tenant's streams (stream.Names.StillQueued). Without it every
+	// candidate counts as lost (tests of the sweep alone).
+	StillQueued func(ctx context.Context, tenant uuid.UUID, tasks []uuid.UUID) ([]bool, error)
+	// CheckBatch bounds the waiting tasks one sweep checks (default 5000);
+	// a longer backlog is checked over several sweeps, in dispatch order.
+	CheckBatch int
 	// TimerPoll bounds how long the timer loop sleeps (default 1s); it
 	// wakes earlier for a timer due sooner.
 	TimerPoll time.Duration
@@ -31,12 +39,18 @@ type SweeperConfig struct {
 	RetentionMonths int
 }
 
+// DefaultLostDispatchAge is the default SweeperConfig.LostDispatchAge.
+const DefaultLostDispatchAge = 10 * time.Second
+
 func (c *SweeperConfig) defaults() {
 	if c.Interval <= 0 {
 		c.Interval = 5 * time.Second
 	}
 	if c.LostDispatchAge <= 0 {
-		c.LostDispatchAge = 2 * time.Minute
+		c.LostDispatchAge = DefaultLostDispatchAge
+	}
+	if c.CheckBatch <= 0 {
+		c.CheckBatch = 5000
 	}
 	if c.TimerPoll <= 0 {
 		c.TimerPoll = time.Second
@@ -55,6 +69,18 @@ type Sweeper struct {
 	cfg  SweeperConfig
 	log  *zap.Logger
 	wake chan struct{}
+
+	failMu   sync.Mutex
+	failures map[int64]int // timer id -> consecutive failed fires here
+
+	// cursor is where the lost-dispatch check of a backlog longer than
+	// CheckBatch goes on (the zero value: from the oldest).
+	cursor lostCursor
+}
+
+type lostCursor struct {
+	at         time.Time
+	tenant, id uuid.UUID
 }
 
 // NewSweeper returns a sweeper driving events through c.
@@ -203,23 +229,96 @@ func (s *Sweeper) failExpiredLastAttempts(ctx context.Context) (int, error) {
 	return failed, nil
 }
 
-// redispatchLost dispatches again every pending task of a running run that
-// has no outbox row and has not changed for LostDispatchAge: its message
-// was lost (Redis restarted without persistence, a stream was trimmed). If
-// the message was merely slow, the copy is a duplicate the lease drops.
+// redispatchLost dispatches again every pending task of a running run
+// whose message is gone: Redis lost its data (restarted without
+// persistence, failed over before replicating) or a message was dropped
+// by mistake. A task that merely waits — behind a backlog, or for a
+// tenant at its running quota — still has its message, and is left
+// alone however long it waits: each candidate (pending, no outbox row,
+// unchanged for LostDispatchAge) is looked up in its tenant's queued
+// hash, which changes atomically with the streams. If Redis cannot be
+// asked, nothing is re-dispatched.
 func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
+	type cand struct {
+		tenant, run, id uuid.UUID
+		dispatchAt      time.Time
+		updatedAt       time.Time
+	}
+	cur := s.cursor
+	rows, err := s.db.System.Query(ctx, `SELECT p.tenant_id, p.run_id, p.id, p.dispatch_at, p.updated_at FROM task_instances p
+		 WHERE p.state = 'pending'
+		   AND p.dispatch_at < now() - make_interval(secs => $1)
+		   AND p.updated_at < now() - make_interval(secs => $1)
+		   AND p.dispatch_at >= $2 AND (p.dispatch_at, p.tenant_id, p.id) > ($2, $3, $4)
+		   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.task_id = p.id)
+		 ORDER BY p.dispatch_at, p.tenant_id, p.id LIMIT $5`,
+		s.cfg.LostDispatchAge.Seconds(), cur.at, cur.tenant, cur.id, s.cfg.CheckBatch)
+	if err != nil {
+		return 0, fmt.Errorf("find waiting tasks: %w", err)
+	}
+	var cands []cand
+	var c cand
+	if _, err := pgx.ForEachRow(rows, []any{&c.tenant, &c.run, &c.id, &c.dispatchAt, &c.updatedAt}, func() error {
+		cands = append(cands, c)
+		return nil
+	}); err != nil {
+		return 0, fmt.Errorf("find waiting tasks: %w", err)
+	}
+	if len(cands) < s.cfg.CheckBatch {
+		s.cursor = lostCursor{} // the whole backlog was seen: start over next time
+	} else {
+		last := cands[len(cands)-1]
+		s.cursor = lostCursor{at: last.dispatchAt, tenant: last.tenant, id: last.id}
+	}
+	if len(cands) == 0 {
+		return 0, nil
+	}
+	lost := cands
+	if s.cfg.StillQueued != nil {
+		byTenant := map[uuid.UUID][]int{}
+		for i, c := range cands {
+			byTenant[c.tenant] = append(byTenant[c.tenant], i)
+		}
+		gone := make([]bool, len(cands))
+		for tenant, idx := range byTenant {
+			tasks := make([]uuid.UUID, len(idx))
+			for j, i := range idx {
+				tasks[j] = cands[i].id
+			}
+			queued, err := s.cfg.StillQueued(ctx, tenant, tasks)
+			if err != nil {
+				return 0, fmt.Errorf("ask which waiting tasks still have a message: %w", err)
+			}
+			for j, i := range idx {
+				gone[i] = !queued[j]
+			}
+		}
+		lost = lost[:0:0]
+		for i, c := range cands {
+			if gone[i] {
+				lost = append(lost, c)
+			}
+		}
+	}
+	if len(lost) == 0 {
+		return 0, nil
+	}
+	tenantIDs, runIDs, taskIDs, updated := make([]uuid.UUID, len(lost)), make([]uuid.UUID, len(lost)), make([]uuid.UUID, len(lost)), make([]time.Time, len(lost))
+	for i, c := range lost {
+		tenantIDs[i], runIDs[i], taskIDs[i], updated[i] = c.tenant, c.run, c.id, c.updatedAt
+	}
+	// Only a task unchanged since it was read is re-dispatched: one leased,
+	// retried or dispatched meanwhile is not lost.
 	var n int64
-	err := s.db.System.QueryRow(ctx, `
-		WITH lost AS (
+	err = s.db.System.QueryRow(ctx, `
+		WITH cand AS (
+			SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::timestamptz[]) AS c(tenant_id, run_id, id, updated_at)
+		), lost AS (
 			UPDATE task_instances t SET updated_at = now(), dispatch_at = now()
-			  FROM workflow_runs r
-			 WHERE (t.tenant_id, t.run_id, t.id) IN (
-			           SELECT p.tenant_id, p.run_id, p.id FROM task_instances p
-			            WHERE p.state = 'pending'
-			              AND p.dispatch_at < now() - make_interval(secs => $2)
-			              AND p.updated_at < now() - make_interval(secs => $2)
-			              AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.task_id = p.id)
-			            LIMIT $1 FOR UPDATE SKIP LOCKED)
+			  FROM cand c, workflow_runs r
+			 WHERE t.tenant_id = c.tenant_id AND t.run_id = c.run_id AND t.id = c.id
+			   AND t.state = 'pending' AND t.updated_at = c.updated_at
+			   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = t.tenant_id AND o.task_id = t.id)
 			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
 			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
 			          t.attempt, r.traceparent
@@ -229,10 +328,10 @@ func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
 		), timeline AS (
 			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
 			SELECT tenant_id, run_id, 'redispatched', node_id, id, attempt,
-			       jsonb_build_object('status', 'running', 'reason', 'no message was delivered in time')
+			       jsonb_build_object('status', 'running', 'reason', 'its message was lost')
 			  FROM lost
 		)
-		SELECT count(*) FROM lost`, s.cfg.Batch, s.cfg.LostDispatchAge.Seconds()).Scan(&n)
+		SELECT count(*) FROM lost`, tenantIDs, runIDs, taskIDs, updated).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("redispatch lost tasks: %w", err)
 	}
@@ -267,9 +366,35 @@ func (s *Sweeper) timerLoop(ctx context.Context) {
 	}
 }
 
-// timerClaim is how long a replica owns the due timers it claimed; if it
-// dies, another fires them after this.
-const timerClaim = 30 * time.Second
+// timerClaim is how long a replica owns the due timers it claimed: two
+// sweep intervals, so if it dies another fires them that much later. A
+// timer whose firing failed is released sooner (retryTimer).
+func (s *Sweeper) timerClaim() time.Duration { return 2 * s.cfg.Interval }
+
+// retryTimer makes a timer whose firing failed due again soon: after a
+// backoff that grows with its consecutive failures on this replica
+// (from TimerPoll up to the claim), not after the whole claim.
+func (s *Sweeper) retryTimer(ctx context.Context, tenant uuid.UUID, id int64) {
+	s.failMu.Lock()
+	if s.failures == nil || len(s.failures) > 10_000 {
+		s.failures = map[int64]int{}
+	}
+	s.failures[id]++
+	n := s.failures[id]
+	s.failMu.Unlock()
+	delay := min(s.cfg.TimerPoll<<min(n-1, 10), s.timerClaim())
+	if _, err := s.db.System.Exec(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $3)
+		WHERE tenant_id = $1 AND id = $2`, tenant, id, delay.Seconds()); err != nil {
+		return // the claim lapses on its own
+	}
+	s.WakeTimers()
+}
+
+func (s *Sweeper) timerFired(id int64) {
+	s.failMu.Lock()
+	delete(s.failures, id)
+	s.failMu.Unlock()
+}
 
 // FireDueTimers claims due timers and fires each through the coordinator,
 // which deletes the timer in the transition's transaction. It returns when
@@ -281,7 +406,7 @@ func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 			       SELECT tenant_id, id FROM timers
 			        WHERE fire_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
 			        ORDER BY fire_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-			RETURNING tenant_id, run_id, id`, s.cfg.Batch, timerClaim.Seconds())
+			RETURNING tenant_id, run_id, id`, s.cfg.Batch, s.timerClaim().Seconds())
 		if err != nil {
 			return time.Time{}, fmt.Errorf("claim timers: %w", err)
 		}
@@ -302,9 +427,14 @@ func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				if _, err := s.c.FireTimer(ctx, d.tenant, d.run, d.id); err != nil && ctx.Err() == nil {
-					s.log.Warn("timer failed; it will fire again after its claim expires", zap.Int64("timer_id", d.id),
+				_, err := s.c.FireTimer(ctx, d.tenant, d.run, d.id)
+				switch {
+				case err == nil:
+					s.timerFired(d.id)
+				case ctx.Err() == nil:
+					s.log.Warn("timer failed; it is retried shortly", zap.Int64("timer_id", d.id),
 						zap.Stringer("run_id", d.run), zap.Error(err))
+					s.retryTimer(ctx, d.tenant, d.id)
 				}
 			}()
 		}

@@ -154,6 +154,48 @@ func TestTimersFireOnceAcrossReplicas(t *testing.T) {
 	assert.Zero(t, f.count(`SELECT count(*) FROM timers`))
 }
 
+// TestAFailedTimerFireIsRetriedPromptly: the first attempt to fire a due
+// timer fails (the database refuses its statement); the timer is fired
+// again within seconds — not after its claim of two sweep intervals (a
+// minute here) lapses.
+func TestAFailedTimerFireIsRetriedPromptly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"nap","type":"sleep","sleep":{"duration":"1h"}},{"id":"next","type":"noop","depends_on":["nap"]}]}`)
+	run := f.start(wf, `{}`)
+	owner := f.env.Owner(t)
+	// The first DELETE of a timer fails (a sequence is not rolled back
+	// with the failed transaction, so only the first one does).
+	_, err := owner.Exec(ctx, `CREATE SEQUENCE timer_failures;
+		GRANT USAGE ON SEQUENCE timer_failures TO composer_system, composer_app;
+		CREATE FUNCTION fail_first_timer() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF nextval('timer_failures') = 1 THEN RAISE EXCEPTION 'injected: the database refused the statement'; END IF;
+			RETURN OLD;
+		END $$;
+		CREATE TRIGGER fail_first_timer BEFORE DELETE ON timers FOR EACH ROW EXECUTE FUNCTION fail_first_timer();`)
+	require.NoError(t, err)
+	_, err = f.env.System.Exec(ctx, `UPDATE timers SET fire_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	sw := NewSweeper(f.c, f.db, SweeperConfig{Interval: 30 * time.Second}, nil)
+	_, err = sw.FireDueTimers(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM timers`), "the first fire failed")
+	var claim time.Duration
+	require.NoError(t, f.env.System.QueryRow(ctx, `SELECT extract(epoch FROM claimed_until - now())::float8 * interval '1 second' FROM timers`).Scan(&claim))
+	assert.Less(t, claim, 5*time.Second, "the failed timer is released, not held for its whole claim")
+
+	failedAt := time.Now()
+	require.Eventually(t, func() bool {
+		_, err := sw.FireDueTimers(ctx)
+		return err == nil && f.count(`SELECT count(*) FROM timers`) == 0
+	}, 10*time.Second, 50*time.Millisecond, "the timer was not fired again within seconds")
+	t.Logf("fired again %s after the failure", time.Since(failedAt).Round(time.Millisecond))
+	assert.Equal(t, "completed", f.mustTask(run, "nap").State)
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM task_instances WHERE run_id = $1 AND node_id = 'next'`, run))
+}
+
 func TestMaintenanceDropsWholeOldMonths(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

@@ -20,13 +20,29 @@ func (r *Resolver) run(ctx context.Context, id uuid.UUID) (*engine.RunView, erro
 	return r.readRun(ctx, id, auth.ActionRunsRead)
 }
 
-// written reads the run a mutation just changed, for its answer: what the
-// mutation did is the caller's to see with the right to do it (runs:write),
-// so a write-only key learns that its start or cancel happened instead of
-// a FORBIDDEN that would make it retry. Nested fields it may not read
-// (tasks, the timeline) stay FORBIDDEN.
-func (r *Resolver) written(ctx context.Context, id uuid.UUID) (*engine.RunView, error) {
-	return r.readRun(ctx, id, auth.ActionRunsWrite)
+// writing asks the coordinator for the run as the mutation's own
+// transaction leaves it, for the mutation's answer: the answer is what
+// was committed, so no later read can report failure for a change that
+// was made (and make a client retry it). What the mutation did is the
+// caller's to see with the right to do it (runs:write), so a write-only
+// key learns that its start or cancel happened; nested fields it may not
+// read (tasks, the timeline) stay FORBIDDEN.
+func writing(ctx context.Context) (context.Context, *engine.RunView) {
+	v := &engine.RunView{}
+	return engine.WithReadBack(ctx, v), v
+}
+
+// wrote is the answer of a mutation that changed run id: the run as its
+// transaction left it, or — if that read failed — read again now; if
+// that fails too, what is known for sure (its id).
+func (r *Resolver) wrote(ctx context.Context, id uuid.UUID, v *engine.RunView) *engine.RunView {
+	if v.ID != uuid.Nil {
+		return v
+	}
+	if again, err := r.readRun(ctx, id, auth.ActionRunsWrite); err == nil {
+		return again
+	}
+	return &engine.RunView{ID: id}
 }
 
 func (r *Resolver) readRun(ctx context.Context, id uuid.UUID, action auth.Action) (*engine.RunView, error) {
@@ -147,15 +163,12 @@ func (r *Resolver) signal(ctx context.Context, id uuid.UUID, s engine.Signal) (*
 	if err != nil {
 		return nil, err
 	}
+	ctx, run := writing(ctx)
 	ack, err := r.Coord.SignalRun(ctx, p.TenantID, id, s)
 	if err != nil {
 		return nil, err
 	}
-	run, err := r.written(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	out := &model.SignalPayload{Run: run, Ignored: ack.Ignored}
+	out := &model.SignalPayload{Run: r.wrote(ctx, id, run), Ignored: ack.Ignored}
 	if ack.Reason != "" {
 		out.Reason = &ack.Reason
 	}

@@ -84,15 +84,12 @@ func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInp
 	if input.IdempotencyKey != nil {
 		req.IdempotencyKey = *input.IdempotencyKey
 	}
+	ctx, run := writing(ctx)
 	res, err := r.Coord.StartRun(ctx, p.TenantID, req)
 	if err != nil {
 		return nil, err
 	}
-	run, err := r.written(ctx, res.RunID)
-	if err != nil {
-		return nil, err
-	}
-	return &model.StartRunPayload{Run: run, Created: res.Created}, nil
+	return &model.StartRunPayload{Run: r.wrote(ctx, res.RunID, run), Created: res.Created}, nil
 }
 
 // CancelRun is the resolver for the cancelRun field.
@@ -105,10 +102,11 @@ func (r *mutationResolver) CancelRun(ctx context.Context, id uuid.UUID, reason *
 	if reason != nil && *reason != "" {
 		why = *reason
 	}
+	ctx, run := writing(ctx)
 	if _, err := r.Coord.CancelRun(ctx, p.TenantID, id, why); err != nil {
 		return nil, err
 	}
-	return r.written(ctx, id)
+	return r.wrote(ctx, id, run), nil
 }
 
 // SignalRun is the resolver for the signalRun field.
@@ -138,12 +136,13 @@ func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *mod
 	if err != nil {
 		return nil, err
 	}
+	ctx, run := writing(ctx)
 	if mode != nil && *mode == model.RerunModeAsNew {
 		res, err := r.Coord.RerunAsNew(ctx, p.TenantID, id)
 		if err != nil {
 			return nil, err
 		}
-		return r.written(ctx, res.RunID)
+		return r.wrote(ctx, res.RunID, run), nil
 	}
 	ack, err := r.Coord.RerunRun(ctx, p.TenantID, id)
 	if err != nil {
@@ -152,7 +151,7 @@ func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *mod
 	if ack.Ignored {
 		return nil, errs.E(errs.Conflict, "%s", ack.Reason)
 	}
-	return r.written(ctx, id)
+	return r.wrote(ctx, id, run), nil
 }
 
 // CreateAPIKey is the resolver for the createApiKey field.

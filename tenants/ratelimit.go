@@ -2,7 +2,9 @@ package tenants
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,10 +15,25 @@ import (
 // every gateway replica: GCRA (the generic cell rate algorithm) in one Lua
 // script on Redis's own clock, so replicas and clock skew cannot add
 // capacity. It is safe for concurrent use.
+//
+// It sits on the path of every start, so it never holds one up for long:
+// a call gets limiterTimeout, and after a failure the limiter answers
+// ErrLimiterDown at once for limiterPause instead of waiting on Redis
+// again (callers admit the start; the quota checks in its transaction
+// still apply).
 type RateLimiter struct {
-	rdb redis.UniversalClient
-	ns  string
+	rdb       redis.UniversalClient
+	ns        string
+	downUntil atomic.Int64 // unix nanoseconds
 }
+
+// ErrLimiterDown is the answer while Redis recently failed.
+var ErrLimiterDown = errors.New("rate limiter unavailable")
+
+const (
+	limiterTimeout = 100 * time.Millisecond
+	limiterPause   = time.Second
+)
 
 // NewRateLimiter returns a limiter keeping its state under namespace ns.
 func NewRateLimiter(rdb redis.UniversalClient, ns string) *RateLimiter {
@@ -50,8 +67,14 @@ func (r *RateLimiter) Allow(ctx context.Context, tenant uuid.UUID, perSecond flo
 	interval := 1000 / perSecond
 	burst = max(burst, 1)
 	key := r.ns + ":{" + tenant.String() + "}:starts"
+	if time.Now().UnixNano() < r.downUntil.Load() {
+		return 0, ErrLimiterDown
+	}
+	ctx, cancel := context.WithTimeout(ctx, limiterTimeout)
+	defer cancel()
 	ms, err := gcra.Run(ctx, r.rdb, []string{key}, interval, burst).Int64()
 	if err != nil {
+		r.downUntil.Store(time.Now().Add(limiterPause).UnixNano())
 		return 0, fmt.Errorf("rate limit: %w", err)
 	}
 	return time.Duration(ms) * time.Millisecond, nil

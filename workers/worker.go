@@ -12,6 +12,9 @@
 //   - every lease is renewed every TTL/3; when a renewal says the lease is
 //     gone, the execution is cancelled with ErrLeaseLost and its result is
 //     discarded;
+//   - a lease call that fails for a reason that may pass (the server or its
+//     database restarting) is retried with backoff for up to a lease TTL;
+//     after that its messages are put back on their streams at once;
 //   - messages left pending by a dead consumer are reclaimed (XAUTOCLAIM)
 //     after ClaimIdle; one delivered more than MaxDeliveries times without
 //     ever running is reported as a failed attempt instead;
@@ -31,6 +34,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"slices"
@@ -410,7 +414,11 @@ func (w *Worker) collect(ctx context.Context, key string, c *redis.XStreamSliceC
 				w.deadLetter(ctx, s.Stream, x, err)
 				continue
 			}
-			m.Deliveries = 1
+			m.Deliveries = 1 + m.Carried
+			if m.Deliveries > w.cfg.MaxDeliveries {
+				w.poison(ctx, m)
+				continue
+			}
 			*out = append(*out, m)
 		}
 	}
@@ -424,8 +432,11 @@ func (w *Worker) deadLetter(ctx context.Context, key string, x redis.XMessage, c
 	pipe := w.rdb.Pipeline()
 	pipe.XAdd(ctx, &redis.XAddArgs{Stream: w.names.NS + ":dead", MaxLen: 10_000, Approx: true,
 		Values: map[string]any{"stream": key, "id": x.ID, "error": cause.Error(), "values": fmt.Sprint(x.Values)}})
-	pipe.XAck(ctx, key, stream.Group, x.ID)
-	pipe.XDel(ctx, key, x.ID)
+	m := stream.Message{ID: x.ID, Stream: key}
+	if task, ok := x.Values["k"].(string); ok {
+		m.Task, _ = uuid.Parse(task) // uncount it if the task is readable
+	}
+	stream.Settle(ctx, pipe, m)
 	_, _ = pipe.Exec(ctx)
 }
 
@@ -433,13 +444,7 @@ func (w *Worker) deadLetter(ctx context.Context, key string, x redis.XMessage, c
 // truth, so a stream only needs what is still to be done.
 func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
 	pipe := w.rdb.Pipeline()
-	for _, m := range msgs {
-		if m.ID == "" {
-			continue // an eager lease: no message announced it
-		}
-		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
-		pipe.XDel(ctx, m.Stream, m.ID)
-	}
+	stream.Settle(ctx, pipe, msgs...) // (an eager lease has no message: skipped)
 	if pipe.Len() == 0 {
 		return
 	}
@@ -458,17 +463,19 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 	for i, m := range msgs {
 		refs[i] = taskapi.Ref{Tenant: m.Tenant, Run: m.Run, Task: m.Task, Attempt: m.Attempt}
 	}
-	ctx, cancel := context.WithTimeout(execCtx, 15*time.Second)
-	res, err := w.api.Acquire(ctx, taskapi.AcquireRequest{WorkerID: w.cfg.WorkerID, TTLMillis: w.cfg.LeaseTTL.Milliseconds(), Leases: refs})
-	cancel()
-	if err != nil || len(res.Leases) != len(msgs) {
-		// Leave the messages pending: they are reclaimed later, by this
-		// worker or another.
-		w.log.Warn("acquiring leases failed", zap.Int("messages", len(msgs)), zap.Error(err))
+	res, err := w.acquire(execCtx, taskapi.AcquireRequest{WorkerID: w.cfg.WorkerID, TTLMillis: w.cfg.LeaseTTL.Milliseconds(), Leases: refs})
+	if err == nil && len(res.Leases) != len(msgs) {
+		err = fmt.Errorf("the server answered %d leases for %d messages", len(res.Leases), len(msgs))
+	}
+	if err != nil {
+		// Give the messages back to their streams for the next reader,
+		// rather than leaving them in this worker's pending list until
+		// ClaimIdle.
+		w.log.Warn("acquiring leases failed; the messages go back to their streams", zap.Int("messages", len(msgs)), zap.Error(err))
+		w.putBack(context.WithoutCancel(execCtx), msgs)
 		for _, m := range msgs {
 			w.releaseFor(m)
 		}
-		time.Sleep(200 * time.Millisecond)
 		return
 	}
 	full := map[uuid.UUID]bool{}
@@ -493,6 +500,52 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 		w.releaseFor(m)
 	}
 	w.ack(execCtx, dropped...)
+}
+
+// acquire asks for leases, retrying a failure that may pass — the server
+// or its database restarting — with backoff for up to a lease TTL, so a
+// short outage costs the tasks that long and not ClaimIdle.
+func (w *Worker) acquire(ctx context.Context, req taskapi.AcquireRequest) (taskapi.AcquireResponse, error) {
+	giveUp := time.Now().Add(w.cfg.LeaseTTL)
+	for backoff := 100 * time.Millisecond; ; backoff = min(backoff*2, 2*time.Second) {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		res, err := w.api.Acquire(cctx, req)
+		cancel()
+		var apiErr *taskapi.APIError
+		if err == nil || ctx.Err() != nil || (errors.As(err, &apiErr) && !apiErr.Temporary()) {
+			return res, err
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		if time.Now().Add(wait).After(giveUp) {
+			return res, err
+		}
+		w.log.Debug("acquiring leases failed; retrying", zap.Duration("in", wait), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(wait):
+		}
+	}
+}
+
+// putBack re-adds messages to their streams (and settles the entries they
+// were read from) so that the next read of any worker gets them. One that
+// fails stays pending here and is reclaimed after ClaimIdle.
+func (w *Worker) putBack(ctx context.Context, msgs []stream.Message) {
+	pipe := w.rdb.Pipeline()
+	for _, m := range msgs {
+		if m.ID == "" {
+			continue
+		}
+		m.EnqueuedAt, m.Carried = time.Now(), m.Deliveries
+		stream.PutBack(ctx, pipe, m)
+	}
+	if pipe.Len() == 0 {
+		return
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		w.log.Warn("putting messages back failed; they are reclaimed later", zap.Error(err))
+	}
 }
 
 // start runs an acquired task in the slot taken for its message. The slot
@@ -821,7 +874,7 @@ func (w *Worker) reclaim(ctx, execCtx context.Context, key string) {
 			continue
 		}
 		if p, err := counts[i].Result(); err == nil && len(p) == 1 {
-			m.Deliveries = p[0].RetryCount
+			m.Deliveries = p[0].RetryCount + m.Carried
 		}
 		if m.Deliveries > w.cfg.MaxDeliveries {
 			w.poison(ctx, m)

@@ -57,9 +57,6 @@ type Config struct {
 	BaseBackoff time.Duration
 	// MaxBackoff caps the retry delay (default 5m).
 	MaxBackoff time.Duration
-	// MaxStreamLen caps each stream shard (approximate trimming); messages
-	// trimmed unread are re-dispatched by the lost-dispatch sweep.
-	MaxStreamLen int64
 }
 
 func (c *Config) defaults() {
@@ -78,9 +75,6 @@ func (c *Config) defaults() {
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = 5 * time.Minute
 	}
-	if c.MaxStreamLen <= 0 {
-		c.MaxStreamLen = 1_000_000
-	}
 }
 
 // Enqueuer moves outbox rows to streams. Run it on every replica.
@@ -98,6 +92,8 @@ type Enqueuer struct {
 	groups   sync.Map // stream key -> struct{}: consumer group ensured
 	// activeSeen: queue|member -> time of the last ZADD to the active set.
 	activeSeen sync.Map
+
+	fresh chan []row // fresh rows waiting for a publisher (PublishNow)
 
 	delMu      sync.Mutex // fresh rows published, to delete
 	delTenants []uuid.UUID
@@ -121,7 +117,8 @@ func New(db *tenants.DB, listenURL string, rdb redis.UniversalClient, names stre
 		log = zap.NewNop()
 	}
 	return &Enqueuer{db: db, listen: listenURL, rdb: rdb, names: names, cfg: cfg, log: log,
-		wake: make(chan struct{}, 1), shards: map[uuid.UUID]shardEntry{}, deleteWake: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), shards: map[uuid.UUID]shardEntry{}, deleteWake: make(chan struct{}, 1),
+		fresh: make(chan []row, freshQueue)}
 }
 
 // Wake asks the enqueuer to drain now. It never blocks; wake-ups coalesce.
@@ -136,6 +133,9 @@ func (e *Enqueuer) Wake() {
 func (e *Enqueuer) Run(ctx context.Context) error {
 	go e.listenLoop(ctx)
 	go e.deleteLoop(ctx)
+	for range freshPublishers {
+		go e.freshLoop(ctx)
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -283,7 +283,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 	}
 	now := time.Now()
 	pipe := e.rdb.Pipeline()
-	cmds := make([]*redis.StringCmd, len(batch))
+	cmds := make([]*redis.Cmd, len(batch))
 	type tq struct {
 		tenant uuid.UUID
 		queue  string
@@ -312,7 +312,9 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		}
 		msg := stream.Message{Tenant: r.tenant, Run: r.run, Task: r.task, Node: r.node, Type: r.typ, Queue: r.queue, Handler: r.handler,
 			Attempt: r.attempt, TraceParent: r.traceparent, OutboxID: r.id, EnqueuedAt: now}
-		cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: msg.Values(), MaxLen: e.cfg.MaxStreamLen, Approx: true})
+		// Streams are not trimmed: every message is counted in its tenant's
+		// queued hash (stream.Add), which a trim would leave behind.
+		cmds[i] = stream.Add(ctx, pipe, key, msg)
 		if r.handler != "" {
 			handlerWakes[stream.HandlerRoute(r.tenant, r.queue, r.handler)] = true
 		} else {
@@ -454,9 +456,20 @@ type Fresh struct {
 // any enqueuer may publish it.
 const FastPathGrace = 2 * time.Second
 
-// PublishNow publishes fresh rows in one pipelined round trip and queues
-// them for deletion. Rows that fail to publish stay for the polling path.
-func (e *Enqueuer) PublishNow(ctx context.Context, rows []Fresh) {
+// freshQueue bounds the commits whose fresh rows wait for a publisher;
+// freshPublishers publish them, each coalescing what is waiting into one
+// pipelined round trip of at most freshBatch rows.
+const (
+	freshQueue      = 4096
+	freshPublishers = 2
+	freshBatch      = 512
+)
+
+// PublishNow hands fresh rows to the enqueuer's publishers and returns at
+// once: it runs after a commit on a request's path, which must never wait
+// for Redis. When Redis is slow the queue fills and further rows are left
+// to the polling path, which publishes them after FastPathGrace.
+func (e *Enqueuer) PublishNow(_ context.Context, rows []Fresh) {
 	if len(rows) == 0 {
 		return
 	}
@@ -465,6 +478,37 @@ func (e *Enqueuer) PublishNow(ctx context.Context, rows []Fresh) {
 		batch[i] = row{tenant: f.Tenant, id: f.ID, topic: "task", queue: f.Queue, run: f.Run, task: f.Task, node: f.Node,
 			typ: f.Type, handler: f.Handler, attempt: f.Attempt, traceparent: f.TraceParent}
 	}
+	select {
+	case e.fresh <- batch:
+	default:
+		freshDropped.Add(context.Background(), int64(len(batch)))
+	}
+}
+
+// freshLoop publishes queued fresh rows and queues them for deletion.
+// Rows that fail to publish stay for the polling path.
+func (e *Enqueuer) freshLoop(ctx context.Context) {
+	for {
+		var batch []row
+		select {
+		case <-ctx.Done():
+			return
+		case batch = <-e.fresh:
+		}
+	more:
+		for len(batch) < freshBatch {
+			select {
+			case b := <-e.fresh:
+				batch = append(batch, b...)
+			default:
+				break more
+			}
+		}
+		e.publishFresh(ctx, batch)
+	}
+}
+
+func (e *Enqueuer) publishFresh(ctx context.Context, batch []row) {
 	failed := e.publish(ctx, batch)
 	e.delMu.Lock()
 	for i, r := range batch {

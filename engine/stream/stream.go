@@ -182,8 +182,14 @@ type Message struct {
 	OutboxID int64
 	// EnqueuedAt is when the enqueuer published it.
 	EnqueuedAt time.Time
-	// Deliveries is how often the stream delivered it (set on reclaim).
+	// Deliveries is how often it was delivered: by the stream (set when
+	// read or reclaimed), plus Carried.
 	Deliveries int64
+	// Carried is how often the messages it replaced were delivered: a
+	// message put back (re-added because its lease call failed) starts
+	// where the old one left off, so one that can never be leased is still
+	// caught by a delivery limit.
+	Carried int64
 }
 
 // Values encodes the message as stream entry fields.
@@ -201,6 +207,7 @@ func (m Message) Values() []any {
 		"tp", m.TraceParent,
 		"o", strconv.FormatInt(m.OutboxID, 10),
 		"ts", strconv.FormatInt(m.EnqueuedAt.UnixMicro(), 10),
+		"c", strconv.FormatInt(m.Carried, 10),
 	}
 }
 
@@ -233,6 +240,7 @@ func Parse(stream string, x redis.XMessage) (Message, error) {
 	if us, err := strconv.ParseInt(get("ts"), 10, 64); err == nil {
 		m.EnqueuedAt = time.UnixMicro(us)
 	}
+	m.Carried, _ = strconv.ParseInt(get("c"), 10, 64)
 	if m.Node == "" || m.Type == "" {
 		errsSeen = append(errsSeen, errors.New("node and type are required"))
 	}

@@ -424,7 +424,7 @@ func (p *Poller) read(ctx context.Context, c Caller, q *poll) (msgs []stream.Mes
 		if err != nil || m.Tenant != c.Tenant {
 			// Undecodable (or, impossibly, another tenant's): never deliver it.
 			p.log.Error("poison message dropped from a handler stream", zap.String("stream", key), zap.String("message_id", id), zap.Error(err))
-			p.settle(context.WithoutCancel(ctx), c, nil, []stream.Message{{ID: id, Stream: key}}, nil, nil)
+			p.settle(context.WithoutCancel(ctx), c, nil, []stream.Message{{ID: id, Stream: key, Task: m.Task}}, nil, nil)
 			continue
 		}
 		msgs = append(msgs, m)
@@ -520,16 +520,11 @@ type answer struct {
 // poll's answer for a repeat, in one round trip. A message whose put-back
 // fails stays pending and is taken over after ReclaimIdle.
 func (p *Poller) settle(ctx context.Context, c Caller, q *poll, done, back []stream.Message, leased []engine.Lease) {
-	pipe := p.rdb.TxPipeline()
-	for _, m := range done {
-		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
-		pipe.XDel(ctx, m.Stream, m.ID)
-	}
+	pipe := p.rdb.Pipeline()
+	stream.Settle(ctx, pipe, done...)
 	for _, m := range back {
 		m.EnqueuedAt = time.Now()
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: m.Stream, Values: m.Values()})
-		pipe.XAck(ctx, m.Stream, stream.Group, m.ID)
-		pipe.XDel(ctx, m.Stream, m.ID)
+		stream.PutBack(ctx, pipe, m)
 	}
 	woken := map[string]bool{}
 	for _, m := range back {

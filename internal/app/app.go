@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -67,6 +68,9 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, 
 		return nil, fmt.Errorf("COMPOSER_REDIS_URL: %w", err)
 	}
 	opts.PoolSize = max(opts.PoolSize, 64)
+	// Deadlines of contexts bound Redis calls too (not only the socket
+	// timeouts), so a stalled Redis costs a request what it budgeted.
+	opts.ContextTimeoutEnabled = true
 	d.Redis = redis.NewClient(opts)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -251,8 +255,14 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots})
 	s.Poller = taskpoll.New(s.Coordinator, d.Redis, stream.NewNames(d.Cfg.RedisNamespace), slots, taskpoll.Config{}, d.Log.Named("taskpoll"))
 	s.Background = append(s.Background, s.Poller.Run)
+	names := stream.NewNames(d.Cfg.RedisNamespace)
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
-		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths}, d.Log.Named("sweeper"))
+		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths,
+		StillQueued: func(ctx context.Context, tenant uuid.UUID, tasks []uuid.UUID) ([]bool, error) {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			return names.StillQueued(ctx, d.Redis, tenant, tasks)
+		}}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
 	rollup := &billing.Rollup{DB: d.DB, Log: d.Log.Named("usage"), Interval: d.Cfg.UsageRollupInterval,
 		Retention: time.Duration(d.Cfg.UsageRetentionDays) * 24 * time.Hour}

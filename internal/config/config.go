@@ -56,8 +56,9 @@ type Config struct {
 	LeaseTTL time.Duration
 	// SweepInterval is how often the recovery sweeps and timers run.
 	SweepInterval time.Duration
-	// LostDispatchAge is how long a pending task may sit without an outbox
-	// row before the sweep dispatches it again.
+	// LostDispatchAge is how long a pending task must have waited before
+	// the sweep checks that its message still exists (and dispatches it
+	// again if not).
 	LostDispatchAge time.Duration
 	// OutboxPollInterval is the fallback poll when no NOTIFY arrives.
 	OutboxPollInterval time.Duration
@@ -151,7 +152,7 @@ func Defaults() Config {
 		LogLevel:             "info",
 		LeaseTTL:             30 * time.Second,
 		SweepInterval:        5 * time.Second,
-		LostDispatchAge:      2 * time.Minute,
+		LostDispatchAge:      10 * time.Second,
 		OutboxPollInterval:   time.Second,
 		DefaultStreamShards:  4,
 		RetentionMonths:      3,
