@@ -424,3 +424,45 @@ func TestOneSlotReadsEveryShard(t *testing.T) {
 	run, _ := sys.WaitRun(res.RunID, 15*time.Second)
 	assert.Equal(t, "completed", run.Status)
 }
+
+// TestAFailingLeaseCallIsRetriedNotStranded: the server cannot be reached
+// for the first lease calls of a task (its database restarting); the
+// worker retries and runs the task within seconds — not after ClaimIdle
+// (an hour here), which is when the message would otherwise come back.
+func TestAFailingLeaseCallIsRetriedNotStranded(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	var calls atomic.Int32
+	api := &interceptAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken),
+		failAcquire: func(taskapi.Ref) bool { return calls.Add(1) <= 4 }}
+	sys.StartWorker(apptest.WorkerOptions{API: api, Config: func(c *workers.Config) {
+		c.ClaimIdle, c.LeaseTTL = time.Hour, 10*time.Second
+	}})
+	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"n","type":"noop"}]}`), `{}`)
+	got, tasks := sys.WaitRun(run, 15*time.Second)
+	require.Equal(t, "completed", got.Status)
+	assert.Equal(t, 1, tasks["n"].Attempt, "the same attempt ran once the server answered")
+	assert.GreaterOrEqual(t, calls.Load(), int32(5), "the lease call was retried")
+}
+
+// TestAPersistentlyFailingLeaseCallPutsItsMessagesBack: when the lease
+// call keeps failing for a whole lease TTL, the worker gives the messages
+// back to their stream at once, and another worker runs the task long
+// before the first one's ClaimIdle.
+func TestAPersistentlyFailingLeaseCallPutsItsMessagesBack(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	broken := &interceptAPI{TaskAPI: taskapi.NewClient(sys.URL, sys.Cfg.WorkerToken), failAcquire: func(taskapi.Ref) bool { return true }}
+	_, stopBroken := sys.StartWorker(apptest.WorkerOptions{API: broken, Config: func(c *workers.Config) {
+		c.ClaimIdle, c.LeaseTTL = time.Hour, time.Second
+	}})
+	run := sys.StartRun(sys.Workflow(`{"nodes":[{"id":"n","type":"noop"}]}`), `{}`)
+	// Let the broken worker take the message and give up on it.
+	apptest.Eventually(t, "the broken worker to put the message back", 15*time.Second, func() bool {
+		return sys.Logs.FilterMessageSnippet("the messages go back to their streams").Len() > 0
+	})
+	stopBroken()
+	sys.StartWorker(apptest.WorkerOptions{Config: func(c *workers.Config) { c.ClaimIdle = time.Hour }})
+	got, _ := sys.WaitRun(run, 15*time.Second)
+	assert.Equal(t, "completed", got.Status, "a healthy worker read the put-back message")
+}
