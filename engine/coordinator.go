@@ -549,6 +549,26 @@ func (c *Coordinator) FailTask(ctx context.Context, tenant uuid.UUID, r Report) 
 		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 }
 
+// ExpiredLease names a running attempt whose lease the sweep found expired.
+type ExpiredLease struct {
+	RunID   uuid.UUID
+	TaskID  uuid.UUID
+	NodeID  string
+	Attempt int
+}
+
+// ExpireLease applies an expired lease as an event: the state machine
+// retries the attempt with the node's backoff (and schedule-to-start
+// timer) or, on its last attempt, fails the node — through the same path,
+// guards, timeline, hooks and live updates as every other change. It is
+// fenced by the attempt and applies only while that attempt is running
+// with its lease expired: a report or renewal that got in first wins.
+func (c *Coordinator) ExpireLease(ctx context.Context, tenant uuid.UUID, l ExpiredLease) (Ack, error) {
+	ev := sm.LeaseExpired{NodeID: l.NodeID, TaskID: l.TaskID.String(), Attempt: l.Attempt}
+	return c.apply(ctx, tenant, l.RunID, eventRef{node: l.NodeID, task: l.TaskID, attempt: l.Attempt, expiredOnly: true},
+		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+}
+
 // CancelRun cancels a run: pending tasks are cancelled, running ones lose
 // their lease at the next renewal, finished outputs are kept.
 func (c *Coordinator) CancelRun(ctx context.Context, tenant, runID uuid.UUID, reason string) (Ack, error) {
@@ -698,6 +718,9 @@ type eventRef struct {
 	owner   string
 	// pendingOnly restricts the report to a task no worker has leased.
 	pendingOnly bool
+	// expiredOnly restricts the event to a running task whose lease has
+	// expired.
+	expiredOnly bool
 	// commitIgnored commits the transaction even when the event is ignored
 	// (a fired timer must be consumed either way).
 	commitIgnored bool

@@ -209,7 +209,7 @@ func TestEagerLeaseTheWorkerNeverHeardOfIsSwept(t *testing.T) {
 	eventually(t, "the eager lease to expire and be swept", 10*time.Second, func() bool {
 		st, err := s.SweepOnce(context.Background())
 		require.NoError(t, err)
-		return st.Requeued == 1
+		return st.Expired == 1
 	})
 	b := f.mustTask(run, "b")
 	assert.Equal(t, "pending", b.State)

@@ -17,14 +17,14 @@ import (
 
 // fixture is one test's database, coordinator and tenant.
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	env    *testenv.Env
 	db     *tenants.DB
 	c      *Coordinator
 	tenant uuid.UUID
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	env := testenv.NewPG(t)
 	db := &tenants.DB{App: env.App, System: env.System}

@@ -88,10 +88,14 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		}
 		return ""
 	}
-	// An unleased report may only touch its task while nobody runs it.
+	// An unleased report may only touch its task while nobody runs it; an
+	// expired lease only while it is running with that lease expired.
 	states := func(taskID string) string {
-		if ref.pendingOnly && ref.task.String() == taskID {
+		switch {
+		case ref.pendingOnly && ref.task.String() == taskID:
 			return `('pending')`
+		case ref.expiredOnly && ref.task.String() == taskID:
+			return `('running') AND lease_expires_at < now()`
 		}
 		return activeStates
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -70,6 +69,8 @@ type Sweeper struct {
 	log  *zap.Logger
 	wake chan struct{}
 
+	id string // marks the expired leases this sweeper claimed
+
 	failMu   sync.Mutex
 	failures map[int64]int // timer id -> consecutive failed fires here
 
@@ -89,7 +90,7 @@ func NewSweeper(c *Coordinator, db *tenants.DB, cfg SweeperConfig, log *zap.Logg
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Sweeper{c: c, db: db, cfg: cfg, log: log, wake: make(chan struct{}, 1)}
+	return &Sweeper{c: c, db: db, cfg: cfg, log: log, wake: make(chan struct{}, 1), id: "!sweep:" + uuid.NewString()}
 }
 
 // WakeTimers asks the timer loop to look for due timers now.
@@ -118,9 +119,8 @@ func (s *Sweeper) sweepLoop(ctx context.Context) {
 	for {
 		if st, err := s.SweepOnce(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("sweep failed", zap.Error(err))
-		} else if st.Requeued+int64(st.Failed)+st.Redispatched > 0 {
-			s.log.Info("sweep recovered tasks", zap.Int64("expired_leases_requeued", st.Requeued),
-				zap.Int("expired_leases_failed", st.Failed), zap.Int64("lost_dispatches", st.Redispatched))
+		} else if int64(st.Expired)+st.Redispatched > 0 {
+			s.log.Info("sweep recovered tasks", zap.Int("expired_leases", st.Expired), zap.Int64("lost_dispatches", st.Redispatched))
 		}
 		select {
 		case <-ctx.Done():
@@ -132,101 +132,95 @@ func (s *Sweeper) sweepLoop(ctx context.Context) {
 
 // SweepStats counts what one sweep recovered.
 type SweepStats struct {
-	Requeued     int64 // expired leases reset to a new attempt and re-dispatched
-	Failed       int   // expired leases on their last attempt, failed through the coordinator
-	Redispatched int64 // pending tasks with no message, dispatched again
+	Expired      int   // expired leases applied as events (retried, or the node failed)
+	Redispatched int64 // pending tasks whose message was lost, dispatched again
 }
 
 // SweepOnce runs the expired-lease and lost-dispatch sweeps once.
 func (s *Sweeper) SweepOnce(ctx context.Context) (SweepStats, error) {
 	var st SweepStats
 	var err error
-	if st.Requeued, err = s.requeueExpired(ctx); err != nil {
-		return st, err
-	}
-	if st.Failed, err = s.failExpiredLastAttempts(ctx); err != nil {
-		return st, err
+	// A mass expiry (a fleet of workers gone) drains at the engine's
+	// transition rate, not one batch per interval.
+	for {
+		n, full, err := s.expireLeases(ctx)
+		st.Expired += n
+		if err != nil {
+			return st, err
+		}
+		if !full || n == 0 || ctx.Err() != nil {
+			break
+		}
 	}
 	if st.Redispatched, err = s.redispatchLost(ctx); err != nil {
 		return st, err
 	}
-	if st.Requeued+st.Redispatched > 0 && s.c.opts.Wake != nil {
+	if st.Redispatched > 0 && s.c.opts.Wake != nil {
 		s.c.opts.Wake()
 	}
 	return st, nil
 }
 
-// requeueExpired resets every expired lease with attempts left to a new
-// attempt and re-dispatches it, in one statement: the reset, the outbox row
-// and the timeline entry commit together. The new attempt number fences the
-// old holder: if it was only paused, its late report no longer matches.
-func (s *Sweeper) requeueExpired(ctx context.Context) (int64, error) {
-	var n int64
-	err := s.db.System.QueryRow(ctx, `
-		WITH expired AS (
-			UPDATE task_instances t
-			   SET state = 'pending', attempt = t.attempt + 1, lease_owner = NULL, lease_expires_at = NULL,
-			       started_at = NULL, dispatch_at = now(), updated_at = now(),
-			       last_error = jsonb_build_object('code', 'lease_expired', 'node', t.node_id,
-			           'message', format('the lease of attempt %s expired: the worker stopped renewing it', t.attempt))
-			  FROM workflow_runs r
-			 WHERE (t.tenant_id, t.run_id, t.id) IN (
-			           SELECT tenant_id, run_id, id FROM task_instances
-			            WHERE state = 'running' AND lease_expires_at < now() AND attempt < max_attempts
-			            LIMIT $1 FOR UPDATE SKIP LOCKED)
-			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
-			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
-			          t.attempt, r.traceparent
-		), dispatched AS (
-			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent)
-			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent FROM expired
-		), timeline AS (
-			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
-			SELECT tenant_id, run_id, 'lease_expired', node_id, id, attempt - 1,
-			       jsonb_build_object('status', 'running', 'actions', jsonb_build_array(
-			           jsonb_build_object('kind', 'retry_task', 'node', node_id, 'attempt', attempt - 1)))
-			  FROM expired
-		)
-		SELECT count(*) FROM expired`, s.cfg.Batch).Scan(&n)
+// expireLeases finds running attempts whose lease expired and applies
+// each as a LeaseExpired event through the coordinator, eight runs at a
+// time: the state machine decides — a retry with the node's backoff and
+// schedule-to-start timer, or on the last attempt the node's failure —
+// and the change commits with its timeline entry, hooks and live update
+// like every other. The new attempt number fences the old holder: if it
+// was only paused, its late report no longer matches. Replicas sweeping at
+// once may pick the same lease; the second application is ignored.
+func (s *Sweeper) expireLeases(ctx context.Context) (applied int, full bool, err error) {
+	// Claim them first (lease_owner becomes this sweeper's, which no
+	// worker id can be), so replicas sweeping at once split the work
+	// instead of each applying every lease. A claim older than two
+	// intervals (its sweeper died) may be taken again.
+	rows, err := s.db.System.Query(ctx, `UPDATE task_instances t SET lease_owner = $2, updated_at = now()
+		  FROM workflow_runs r
+		 WHERE (t.tenant_id, t.run_id, t.id) IN (
+		           SELECT tenant_id, run_id, id FROM task_instances
+		            WHERE state = 'running' AND lease_expires_at < now()
+		              AND (lease_owner IS NULL OR lease_owner NOT LIKE '!sweep:%' OR updated_at < now() - make_interval(secs => $3))
+		            ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+		   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
+		RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.attempt`, s.cfg.Batch, s.id, (2 * s.cfg.Interval).Seconds())
 	if err != nil {
-		return 0, fmt.Errorf("requeue expired leases: %w", err)
-	}
-	return n, nil
-}
-
-// failExpiredLastAttempts sends each expired lease on its last attempt
-// through the coordinator as a failed attempt, so the node's failure
-// handling (failing the run) applies like any other failure.
-func (s *Sweeper) failExpiredLastAttempts(ctx context.Context) (int, error) {
-	rows, err := s.db.System.Query(ctx, `SELECT t.tenant_id, t.run_id, t.id, t.node_id, t.attempt
-		  FROM task_instances t JOIN workflow_runs r ON r.tenant_id = t.tenant_id AND r.id = t.run_id
-		 WHERE t.state = 'running' AND t.lease_expires_at < now() AND t.attempt >= t.max_attempts AND r.status = 'running'
-		 LIMIT $1`, s.cfg.Batch)
-	if err != nil {
-		return 0, fmt.Errorf("find expired last attempts: %w", err)
+		return 0, false, fmt.Errorf("find expired leases: %w", err)
 	}
 	type expired struct {
-		tenant, run, task uuid.UUID
-		node              string
-		attempt           int
+		tenant uuid.UUID
+		lease  ExpiredLease
 	}
 	var list []expired
 	var e expired
-	if _, err := pgx.ForEachRow(rows, []any{&e.tenant, &e.run, &e.task, &e.node, &e.attempt}, func() error { list = append(list, e); return nil }); err != nil {
-		return 0, fmt.Errorf("find expired last attempts: %w", err)
+	if _, err := pgx.ForEachRow(rows, []any{&e.tenant, &e.lease.RunID, &e.lease.TaskID, &e.lease.NodeID, &e.lease.Attempt},
+		func() error { list = append(list, e); return nil }); err != nil {
+		return 0, false, fmt.Errorf("find expired leases: %w", err)
 	}
-	failed := 0
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, 8)
 	for _, e := range list {
-		ack, err := s.c.FailTask(ctx, e.tenant, Report{RunID: e.run, TaskID: e.task, NodeID: e.node, Attempt: e.attempt, Retryable: true,
-			Error: sm.Error{Code: sm.CodeLeaseExpired, Message: fmt.Sprintf("the lease of attempt %d expired: the worker stopped renewing it", e.attempt)}})
-		if err != nil {
-			return failed, err
-		}
-		if !ack.Ignored {
-			failed++
-		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ack, err := s.c.ExpireLease(ctx, e.tenant, e.lease)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil && first == nil:
+				first = fmt.Errorf("apply an expired lease: %w", err)
+			case err == nil && !ack.Ignored:
+				applied++
+			}
+		}()
 	}
-	return failed, nil
+	wg.Wait()
+	return applied, len(list) == s.cfg.Batch, first
 }
 
 // redispatchLost dispatches again every pending task of a running run

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,12 +64,31 @@ func TestLeasesAreExclusiveAndRenewable(t *testing.T) {
 	assert.Error(t, err, "TTL is bounded")
 }
 
-func TestSweepRequeuesExpiredLeasesAsNewAttempts(t *testing.T) {
+// TestExpiredLeasesAreEventsOfTheStateMachine: the sweep applies an
+// expired lease through the coordinator. The new attempt waits its
+// backoff and gets a schedule-to-start timer; the transition hooks (where
+// metering happens) see it inside its transaction and a live update
+// follows; the old holder's report is fenced out; on the last attempt the
+// node fails, once.
+func TestExpiredLeasesAreEventsOfTheStateMachine(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
+	var mu sync.Mutex
+	var hooked, live []string
+	f.c = NewCoordinator(f.db, Options{
+		Hooks: []TxHook{func(tr *TxTransition, q Queuer) {
+			mu.Lock()
+			defer mu.Unlock()
+			hooked = append(hooked, tr.Event)
+		}},
+		OnTransition: func(tr Transition) {
+			mu.Lock()
+			defer mu.Unlock()
+			live = append(live, tr.Event)
+		}})
 	sw := NewSweeper(f.c, f.db, SweeperConfig{}, nil)
-	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop","retry":{"max_attempts":2}}]}`)
+	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop","schedule_to_start_timeout":"1m","retry":{"max_attempts":2,"backoff":"30s","no_jitter":true}}]}`)
 	run := f.start(wf, `{}`)
 	f.lease(run, "a", "w1", time.Second)
 	_, err := f.env.System.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 second'`)
@@ -77,29 +98,65 @@ func TestSweepRequeuesExpiredLeasesAsNewAttempts(t *testing.T) {
 
 	st, err := sw.SweepOnce(ctx)
 	require.NoError(t, err)
-	assert.EqualValues(t, 1, st.Requeued)
+	assert.Equal(t, 1, st.Expired)
 	a := f.mustTask(run, "a")
 	assert.Equal(t, "pending", a.State)
 	assert.Equal(t, 2, a.Attempt, "the expired attempt is fenced off by a new attempt number")
-	assert.Equal(t, 1, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1 AND attempt = 2`, a.ID), "and dispatched in the same statement")
+	var wait float64
+	require.NoError(t, f.env.System.QueryRow(ctx, `SELECT extract(epoch FROM next_attempt_at - now()) FROM outbox WHERE task_id = $1 AND attempt = 2`, a.ID).Scan(&wait))
+	assert.InDelta(t, 30, wait, 2, "the new attempt waits its backoff")
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM timers WHERE task_id = $1 AND attempt = 2 AND kind = 'schedule_to_start'`, a.ID),
+		"and gets a schedule-to-start timer")
 	assert.Equal(t, 1, f.count(`SELECT count(*) FROM run_events WHERE kind = 'lease_expired'`))
+	mu.Lock()
+	assert.Contains(t, hooked, "lease_expired", "the transition hooks ran in its transaction")
+	assert.Contains(t, live, "lease_expired", "a live update followed")
+	mu.Unlock()
+
+	st, err = sw.SweepOnce(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, st.Expired, "applied once")
 
 	// The old holder's report no longer applies.
 	ack, err := f.c.CompleteTask(ctx, f.tenant, Report{RunID: run, TaskID: a.ID, NodeID: "a", Attempt: 1, LeaseOwner: "w1"})
 	require.NoError(t, err)
 	assert.True(t, ack.Ignored)
 
-	// On the last attempt, an expired lease fails the node (and the run).
+	// On the last attempt, an expired lease fails the node (and the run), once.
 	f.lease(run, "a", "w2", time.Second)
 	_, err = f.env.System.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 second'`)
 	require.NoError(t, err)
-	st, err = sw.SweepOnce(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, 1, st.Failed)
+	for range 3 {
+		_, err = sw.SweepOnce(ctx)
+		require.NoError(t, err)
+	}
 	assert.Equal(t, sm.RunFailed, f.runStatus(run))
 	var code string
 	require.NoError(t, f.env.System.QueryRow(ctx, `SELECT last_error->>'code' FROM task_instances WHERE id = $1`, a.ID).Scan(&code))
 	assert.Equal(t, "lease_expired", code)
+	assert.Equal(t, 2, f.count(`SELECT count(*) FROM run_events WHERE kind = 'lease_expired'`), "one per expired attempt")
+	assert.Equal(t, 1, f.count(`SELECT count(*) FROM run_events e WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(e.detail->'actions') x WHERE x->>'kind' = 'fail_task')`),
+		"the node failed once")
+}
+
+// TestAReportBeforeTheExpiryWins: the sweep read a lease as
+// expired, but the worker's report got in first; the expiry is ignored.
+func TestAReportBeforeTheExpiryWins(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"a","type":"noop","retry":{"max_attempts":3}}]}`)
+	run := f.start(wf, `{}`)
+	a := f.lease(run, "a", "w1", time.Minute)
+	ack, err := f.c.ExpireLease(ctx, f.tenant, ExpiredLease{RunID: run, TaskID: a.ID, NodeID: "a", Attempt: 1})
+	require.NoError(t, err)
+	assert.True(t, ack.Ignored, "a live lease is not expired")
+	_, err = f.c.CompleteTask(ctx, f.tenant, Report{RunID: run, TaskID: a.ID, NodeID: "a", Attempt: 1, LeaseOwner: "w1"})
+	require.NoError(t, err)
+	ack, err = f.c.ExpireLease(ctx, f.tenant, ExpiredLease{RunID: run, TaskID: a.ID, NodeID: "a", Attempt: 1})
+	require.NoError(t, err)
+	assert.True(t, ack.Ignored, "a finished attempt is not expired")
+	assert.Equal(t, sm.RunCompleted, f.runStatus(run))
 }
 
 func TestSweepRedispatchesLostMessagesOnly(t *testing.T) {
@@ -226,4 +283,32 @@ func TestMaintenanceDropsWholeOldMonths(t *testing.T) {
 	}
 	assert.Equal(t, []string{"new"}, keys, "keys older than the retention window are gone")
 	assert.Positive(t, f.count(`SELECT count(*) FROM pg_class WHERE relname LIKE 'workflow_runs\_%'`), "current months stay")
+}
+
+// TestReplicasSweepingAtOnceApplyEachExpiryOnce: three sweepers find the
+// same 200 expired leases at once; each lease becomes exactly one new
+// attempt and one timeline entry.
+func TestReplicasSweepingAtOnceApplyEachExpiryOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	expiredLeases(t, f, 200)
+	ctx := context.Background()
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for range 3 {
+		sw := NewSweeper(f.c, f.db, SweeperConfig{Batch: 50}, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				st, err := sw.SweepOnce(ctx)
+				assert.NoError(t, err)
+				total.Add(int64(st.Expired))
+			}
+		}()
+	}
+	wg.Wait()
+	assert.EqualValues(t, 200, total.Load())
+	assert.Equal(t, 200, f.count(`SELECT count(*) FROM task_instances WHERE state = 'pending' AND attempt = 2`))
+	assert.Equal(t, 200, f.count(`SELECT count(*) FROM run_events WHERE kind = 'lease_expired'`))
 }

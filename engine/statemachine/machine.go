@@ -22,6 +22,8 @@ func Decide(wf *dag.Workflow, run *Run, ev Event, now time.Time) Transition {
 		m.taskCompleted(e)
 	case NodeFailed:
 		m.taskFailed(e)
+	case LeaseExpired:
+		m.leaseExpired(e)
 	case TimerFired:
 		m.timerFired(e)
 	case SignalReceived:
@@ -122,6 +124,14 @@ func (m *machine) taskFailed(e NodeFailed) {
 		return
 	}
 	m.attemptFailed(t, e.Error, e.Retryable, e.RetryAfter)
+}
+
+func (m *machine) leaseExpired(e LeaseExpired) {
+	t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskRunning)
+	if t == nil {
+		return
+	}
+	m.attemptFailed(t, Error{Code: CodeLeaseExpired, Message: fmt.Sprintf("the lease of attempt %d expired: the worker stopped renewing it", e.Attempt)}, true, 0)
 }
 
 // attemptFailed retries the task when it may, and fails it (and the run)

@@ -112,7 +112,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 
 		steps := rapid.IntRange(0, 60).Draw(rt, "steps")
 		for i := 0; i < steps; i++ {
-			switch rapid.IntRange(0, 9).Draw(rt, "what") {
+			switch rapid.IntRange(0, 10).Draw(rt, "what") {
 			case 0, 1, 2, 3: // a worker reports on an active task
 				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil {
 					if rapid.IntRange(0, 2).Draw(rt, "ok") > 0 {
@@ -131,10 +131,13 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 						rt.Fatalf("re-applying %#v changed the run: %v", ev, kinds(tr))
 					}
 				}
-			case 5: // a stale report from an earlier attempt
+			case 5: // a stale report, or a stale lease expiry, from an earlier attempt
 				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil && t.Attempt > 1 {
 					if tr := s.step(NodeCompleted{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt - 1}); !tr.Ignored {
 						rt.Fatalf("stale attempt %d of %s was applied", t.Attempt-1, t.NodeID)
+					}
+					if tr := s.step(LeaseExpired{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt - 1}); !tr.Ignored {
+						rt.Fatalf("the expiry of stale attempt %d of %s was applied", t.Attempt-1, t.NodeID)
 					}
 				}
 			case 6: // any timer ever scheduled fires (maybe twice, maybe late)
@@ -154,6 +157,10 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			case 9:
 				if rapid.IntRange(0, 4).Draw(rt, "cancel") == 0 {
 					deliver(CancelRequested{Reason: "test"})
+				}
+			case 10: // a running attempt's lease expires (a pending one has no lease)
+				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil {
+					checkLeaseExpiry(rt, s, wf, t, deliver)
 				}
 			}
 			checkCompletesOnce(rt, s)
@@ -198,6 +205,50 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkLeaseExpiry delivers a lease expiry for t's attempt and checks what
+// it did: nothing to a task that is not running; to a running one, a
+// retry after its backoff (with a schedule-to-start timer when the node
+// has one) while attempts remain, else the node's failure.
+func checkLeaseExpiry(rt *rapid.T, s *sim, wf *dag.Workflow, t *Task, deliver func(Event) Transition) {
+	state, attempt, node := t.State, t.Attempt, wf.Node(t.NodeID)
+	tr := deliver(LeaseExpired{NodeID: t.NodeID, TaskID: t.ID, Attempt: attempt})
+	if state != TaskRunning {
+		if !tr.Ignored {
+			rt.Fatalf("a lease expiry applied to a %s task", state)
+		}
+		return
+	}
+	if tr.Ignored {
+		rt.Fatalf("the expiry of the running attempt %d of %s was ignored: %s", attempt, t.NodeID, tr.Reason)
+	}
+	policy := node.RetryPolicy()
+	var retried, failed, s2s bool
+	for _, a := range tr.Actions {
+		switch a := a.(type) {
+		case RetryTask:
+			retried = a.NodeID == t.NodeID
+			if !a.NotBefore.After(s.now) {
+				rt.Fatalf("the retry of an expired lease does not wait its backoff (%s, now %s)", a.NotBefore, s.now)
+			}
+			if a.Error.Code != CodeLeaseExpired {
+				rt.Fatalf("the retry records %q, not %q", a.Error.Code, CodeLeaseExpired)
+			}
+		case FailTask:
+			failed = a.NodeID == t.NodeID
+		case ScheduleTimer:
+			s2s = s2s || (a.Kind == TimerScheduleToStart && a.NodeID == t.NodeID && a.Attempt == attempt+1)
+		}
+	}
+	switch {
+	case attempt < policy.MaxAttempts && !retried:
+		rt.Fatalf("attempt %d of %d expired without a retry: %v", attempt, policy.MaxAttempts, kinds(tr))
+	case attempt >= policy.MaxAttempts && !failed:
+		rt.Fatalf("the last attempt expired without failing the node: %v", kinds(tr))
+	case retried && node.ScheduleToStartTimeout.Std() > 0 && !s2s:
+		rt.Fatalf("the retry of an expired lease got no schedule-to-start timer: %v", kinds(tr))
+	}
 }
 
 // pickTask draws one task in one of the given states, or nil.

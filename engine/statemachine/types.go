@@ -154,6 +154,16 @@ type NodeFailed struct {
 	RetryAfter time.Duration
 }
 
+// LeaseExpired is a running attempt whose worker stopped renewing its
+// lease (the sweep found it expired). The attempt failed: it is retried
+// with the node's backoff while attempts remain, else the node fails. It
+// applies only to the running attempt it names.
+type LeaseExpired struct {
+	NodeID  string
+	TaskID  string
+	Attempt int
+}
+
 // TimerFired is a due timer. Run timeouts carry no node.
 type TimerFired struct {
 	Kind    TimerKind
@@ -176,6 +186,7 @@ type RerunRequested struct{}
 func (RunStarted) eventKind() string      { return "run_started" }
 func (NodeCompleted) eventKind() string   { return "node_completed" }
 func (NodeFailed) eventKind() string      { return "node_failed" }
+func (LeaseExpired) eventKind() string    { return "lease_expired" }
 func (TimerFired) eventKind() string      { return "timer_fired" }
 func (SignalReceived) eventKind() string  { return "signal_received" }
 func (CancelRequested) eventKind() string { return "cancel_requested" }
