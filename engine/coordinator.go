@@ -205,6 +205,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 	var tr sm.Transition
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
 		out, tr = Started{}, sm.Transition{}
+		if err := gate(ctx, tx); err != nil {
+			return err
+		}
 		wid, version, err := resolveWorkflow(ctx, tx, req)
 		if err != nil {
 			return err
@@ -667,6 +670,24 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 	})
 }
 
+// gateKey carries a caller's check for the transaction of its event.
+type gateKey struct{}
+
+// WithGate makes the coordinator run check first in the transaction of
+// the event (or start) made with ctx: an API's authorization is then
+// decided in the same transaction as the change it allows, and a refusal
+// writes nothing.
+func WithGate(ctx context.Context, check func(context.Context, *tenants.Tx) error) context.Context {
+	return context.WithValue(ctx, gateKey{}, check)
+}
+
+func gate(ctx context.Context, tx *tenants.Tx) error {
+	if check, _ := ctx.Value(gateKey{}).(func(context.Context, *tenants.Tx) error); check != nil {
+		return check(ctx, tx)
+	}
+	return nil
+}
+
 // readBackKey carries where a caller wants the run as its event's
 // transaction leaves it.
 type readBackKey struct{}
@@ -735,6 +756,9 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 	var ack Ack
 	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
 		ack = Ack{}
+		if err := gate(ctx, tx); err != nil {
+			return err
+		}
 		row, run, err := loadRun(ctx, tx, runID)
 		if err != nil {
 			return err
@@ -928,6 +952,9 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uui
 func (c *Coordinator) RerunAsNew(ctx context.Context, tenant, runID uuid.UUID) (Started, error) {
 	var old RunView
 	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		if err := gate(ctx, tx); err != nil {
+			return err
+		}
 		var err error
 		old, err = GetRun(ctx, tx, runID)
 		return err

@@ -409,6 +409,56 @@ func TestListingRunsWithTasksCostsAConstantNumberOfQueries(t *testing.T) {
 	assert.Equal(t, ten, hundred, "the statement count does not grow with the page")
 }
 
+// txCounter counts the transactions opened on the app role's pool.
+type txCounter struct{ begins atomic.Int64 }
+
+func (c *txCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.EqualFold(strings.TrimSpace(d.SQL), "BEGIN") {
+		c.begins.Add(1)
+	}
+	return ctx
+}
+func (c *txCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *txCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		if strings.EqualFold(strings.TrimSpace(q.SQL), "BEGIN") {
+			c.begins.Add(1)
+		}
+	}
+	return ctx
+}
+func (c *txCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *txCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestStartRunIsOneTransaction: a start over GraphQL — authorization,
+// admission, the run, its first tasks and the answer read back — opens
+// one transaction, as many as the smallest authorized query; so do the
+// other run mutations.
+func TestStartRunIsOneTransaction(t *testing.T) {
+	t.Parallel()
+	c := &txCounter{}
+	sys := apptest.StartTraced(t, testenv.New(t), c)
+	owner := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
+	wf := sys.Workflow(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go"}},{"id":"v","type":"wait","depends_on":["w"],"wait":{"signal":"later"}}]}`)
+	begins := func(query string, vars map[string]any) int64 {
+		before := c.begins.Load()
+		res := sys.GraphQL(owner, query, vars)
+		require.Empty(t, res.Errors)
+		return c.begins.Load() - before
+	}
+	start := `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id status } } }`
+	begins(start, map[string]any{"w": wf.String()}) // warm the caches (rules, limits)
+	smallest := begins(`{ tenant { id } }`, nil)
+	assert.Equal(t, smallest, begins(start, map[string]any{"w": wf.String()}), "startRun")
+	var started struct {
+		StartRun struct{ Run struct{ ID string } }
+	}
+	sys.GraphQL(owner, start, map[string]any{"w": wf.String()}).Decode(t, &started)
+	id := started.StartRun.Run.ID
+	assert.Equal(t, smallest, begins(`mutation($id: ID!) { signalRun(id: $id, name: "go", payload: {}) { ignored } }`, map[string]any{"id": id}), "signalRun")
+	assert.Equal(t, smallest, begins(`mutation($id: ID!) { cancelRun(id: $id) { id status } }`, map[string]any{"id": id}), "cancelRun")
+}
+
 // wsClient speaks graphql-transport-ws.
 type wsClient struct {
 	t    *testing.T

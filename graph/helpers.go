@@ -159,7 +159,7 @@ func send[T any](ctx context.Context, ch chan<- T, v T) bool {
 // signal delivers a signal (or an approval decision) to a run and reports
 // whether the run took it.
 func (r *Resolver) signal(ctx context.Context, id uuid.UUID, s engine.Signal) (*model.SignalPayload, error) {
-	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	ctx, p, err := r.gated(ctx, auth.ActionRunsWrite)
 	if err != nil {
 		return nil, err
 	}

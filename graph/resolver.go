@@ -32,6 +32,7 @@ type Resolver struct {
 	Live  *Live
 	// Limiter shapes run starts per tenant; nil starts are not rate limited.
 	Limiter *tenants.RateLimiter
+	limits  tenants.LimitsCache // the limiter's limits
 	// Webhooks manages webhook endpoints and deliveries.
 	Webhooks webhooks.Service
 	// Workers knows the tenants' connected workers (nil: none are listed).
@@ -62,8 +63,9 @@ func (r *Resolver) inTenant(ctx context.Context, action auth.Action, fn func(ctx
 	})
 }
 
-// authorize checks action in a transaction of its own, for mutations that
-// the coordinator then applies in its own transaction.
+// authorize checks action in a transaction of its own, for operations
+// whose work is not a coordinator event (workflow definitions) or is not a
+// transaction at all (subscriptions).
 func (r *Resolver) authorize(ctx context.Context, action auth.Action) (auth.Principal, error) {
 	p, err := principal(ctx)
 	if err != nil {
@@ -72,32 +74,44 @@ func (r *Resolver) authorize(ctx context.Context, action auth.Action) (auth.Prin
 	return p, r.inTenant(ctx, action, func(context.Context, *tenants.Tx) error { return nil })
 }
 
-// admitStart authorizes a run start and takes it from the tenant's
-// token bucket: RATE_LIMITED with a retry-after hint when empty. If the
-// limiter itself fails the start proceeds (the quota checks in the start's
-// transaction still apply).
-func (r *Resolver) admitStart(ctx context.Context) (auth.Principal, error) {
+// gated returns ctx carrying the principal's authorization for action,
+// which the coordinator decides first in the mutation's own transaction
+// (engine.WithGate): one transaction for the check and the change. A
+// credential that cannot allow action at all (its scopes or role) is
+// refused before anything else is done.
+func (r *Resolver) gated(ctx context.Context, action auth.Action) (context.Context, auth.Principal, error) {
 	p, err := principal(ctx)
 	if err != nil {
-		return p, err
+		return ctx, p, err
 	}
-	var limits tenants.Limits
-	err = r.inTenant(ctx, auth.ActionRunsWrite, func(ctx context.Context, tx *tenants.Tx) error {
-		var err error
-		limits, err = tenants.EffectiveLimits(ctx, tx)
-		return err
-	})
+	if !auth.PowerOf(p).Can(action) {
+		return ctx, p, errs.E(errs.Forbidden, "not allowed to %s", action)
+	}
+	return engine.WithGate(ctx, func(ctx context.Context, tx *tenants.Tx) error { return r.Authz.Allowed(ctx, tx, p, action) }), p, nil
+}
+
+// admitStart gates a run start (see gated) and takes it from the tenant's
+// token bucket: RATE_LIMITED with a retry-after hint when empty. The
+// bucket's limits come from a short cache, so a start is one transaction;
+// if the limiter itself fails the start proceeds (the quota checks in the
+// start's transaction still apply).
+func (r *Resolver) admitStart(ctx context.Context) (context.Context, auth.Principal, error) {
+	ctx, p, err := r.gated(ctx, auth.ActionRunsWrite)
 	if err != nil || r.Limiter == nil {
-		return p, err
+		return ctx, p, err
+	}
+	limits, err := r.limits.Get(ctx, r.DB, p.TenantID)
+	if err != nil {
+		return ctx, p, err
 	}
 	wait, err := r.Limiter.Allow(ctx, p.TenantID, limits.StartsPerSecond, limits.StartBurst)
 	if err != nil {
 		r.Log.Warn("rate limiter unavailable; admitting the start", zap.Error(err))
-		return p, nil
+		return ctx, p, nil
 	}
 	if wait > 0 {
-		return p, &errs.Error{Kind: errs.RateLimited, RetryAfter: wait,
+		return ctx, p, &errs.Error{Kind: errs.RateLimited, RetryAfter: wait,
 			Message: fmt.Sprintf("run starts are limited to %g per second (burst %d); retry in %s", limits.StartsPerSecond, limits.StartBurst, wait.Round(time.Millisecond))}
 	}
-	return p, nil
+	return ctx, p, nil
 }

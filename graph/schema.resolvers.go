@@ -67,7 +67,7 @@ func (r *mutationResolver) PublishWorkflowVersion(ctx context.Context, workflowI
 
 // StartRun is the resolver for the startRun field.
 func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInput) (*model.StartRunPayload, error) {
-	p, err := r.admitStart(ctx)
+	ctx, p, err := r.admitStart(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +94,7 @@ func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInp
 
 // CancelRun is the resolver for the cancelRun field.
 func (r *mutationResolver) CancelRun(ctx context.Context, id uuid.UUID, reason *string) (*engine.RunView, error) {
-	p, err := r.authorize(ctx, auth.ActionRunsWrite)
+	ctx, p, err := r.gated(ctx, auth.ActionRunsWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +132,7 @@ func (r *mutationResolver) Approve(ctx context.Context, id uuid.UUID, signal *st
 func (r *mutationResolver) RerunRun(ctx context.Context, id uuid.UUID, mode *model.RerunMode) (*engine.RunView, error) {
 	// Both modes create work: the start rate limit applies, and the
 	// coordinator applies the queued-task limit and caps.
-	p, err := r.admitStart(ctx)
+	ctx, p, err := r.admitStart(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -144,4 +146,52 @@ func (db *DB) Update(ctx context.Context, id uuid.UUID, p UpdateParams) error {
 		return errs.E(errs.NotFound, "tenant %s not found", id)
 	}
 	return nil
+}
+
+// LimitsCache remembers tenants' effective limits for TTL (default 5 s),
+// for the checks made before a request's transaction — the start rate
+// limit — so they cost no transaction of their own. A change of plan or
+// override reaches them within TTL; everything checked inside a
+// transaction reads the limits fresh. It is safe for concurrent use.
+type LimitsCache struct {
+	TTL time.Duration
+
+	mu sync.Mutex
+	m  map[uuid.UUID]cachedLimits
+}
+
+type cachedLimits struct {
+	l     Limits
+	until time.Time
+}
+
+// Get returns the tenant's effective limits, read through db when not
+// remembered.
+func (c *LimitsCache) Get(ctx context.Context, db *DB, tenant uuid.UUID) (Limits, error) {
+	now := time.Now()
+	c.mu.Lock()
+	e, ok := c.m[tenant]
+	c.mu.Unlock()
+	if ok && now.Before(e.until) {
+		return e.l, nil
+	}
+	var l Limits
+	if err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *Tx) error {
+		var err error
+		l, err = EffectiveLimits(ctx, tx)
+		return err
+	}); err != nil {
+		return Limits{}, err
+	}
+	ttl := c.TTL
+	if ttl <= 0 {
+		ttl = 5 * time.Second
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) > 100_000 {
+		c.m = map[uuid.UUID]cachedLimits{}
+	}
+	c.m[tenant] = cachedLimits{l: l, until: now.Add(ttl)}
+	return l, nil
 }
