@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/composer-dev/composer/engine"
+	sm "github.com/composer-dev/composer/engine/statemachine"
 )
 
 // The meters.
@@ -96,7 +97,7 @@ func (m Meter) Record(ctx context.Context, ex Execer, tenant uuid.UUID, meter, k
 // reports on. It queues its rows into the transition's own transaction.
 func (m Meter) Hook(t *engine.TxTransition, q engine.Queuer) {
 	state := m.state()
-	if t.Event == "run_started" {
+	if t.Event == sm.KindRunStarted {
 		q.Queue(insertUsage, t.Tenant, RunsStarted+":"+t.RunID.String(), RunsStarted, int64(1), state)
 	}
 	if r := t.Report; r != nil {

@@ -474,7 +474,7 @@ func (o *EagerOffer) accepts(n *dag.Node) bool {
 func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Report) (Ack, error) {
 	if len(r.Output) > MaxInputBytes {
 		return c.FailTask(ctx, tenant, Report{RunID: r.RunID, TaskID: r.TaskID, NodeID: r.NodeID, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner,
-			Error: sm.Error{Code: "output_too_large", Message: fmt.Sprintf("output is %d bytes; the limit is %d", len(r.Output), MaxInputBytes)}})
+			Error: sm.Error{Code: sm.CodeOutputTooLarge, Message: fmt.Sprintf("output is %d bytes; the limit is %d", len(r.Output), MaxInputBytes)}})
 	}
 	if len(r.Output) > 0 {
 		if msg := jsoncheck.Check(r.Output); msg != "" {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/internal/errs"
 )
 
@@ -111,7 +112,7 @@ func cmpOr(v, d int) int {
 	return v
 }
 
-func (l *Live) channel(tenant uuid.UUID) string { return l.ns + ":live:" + tenant.String() }
+func (l *Live) channel(tenant uuid.UUID) string { return stream.NewNames(l.ns).Live(tenant) }
 
 // Publish queues a committed transition for publishing; it never blocks
 // the transition (a full queue drops the change).

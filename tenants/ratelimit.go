@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/composer-dev/composer/engine/stream"
 )
 
 // RateLimiter shapes each tenant's run starts with a token bucket shared by
@@ -66,7 +68,7 @@ func (r *RateLimiter) Allow(ctx context.Context, tenant uuid.UUID, perSecond flo
 	}
 	interval := 1000 / perSecond
 	burst = max(burst, 1)
-	key := r.ns + ":{" + tenant.String() + "}:starts"
+	key := stream.NewNames(r.ns).StartBucket(tenant)
 	if time.Now().UnixNano() < r.downUntil.Load() {
 		return 0, ErrLimiterDown
 	}

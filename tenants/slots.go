@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/composer-dev/composer/engine/stream"
 )
 
 // Slots is the running-task quota: a counting semaphore per tenant whose
@@ -37,7 +39,7 @@ func NewSlots(rdb redis.UniversalClient, ns string, onError func(error)) *Slots 
 	return &Slots{rdb: rdb, ns: ns, pending: map[uuid.UUID][]string{}, onError: onError}
 }
 
-func (s *Slots) key(tenant uuid.UUID) string { return s.ns + ":{" + tenant.String() + "}:running" }
+func (s *Slots) key(tenant uuid.UUID) string { return stream.NewNames(s.ns).Running(tenant) }
 
 // Key is the Redis key of a tenant's permits (a sorted set of members
 // scored by expiry in milliseconds on Redis's clock), for scripts that

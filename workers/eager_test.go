@@ -134,8 +134,8 @@ func TestLostEagerAnswerIsRecoveredByTheRepeatedReport(t *testing.T) {
 	assert.EqualValues(t, 2, w.EagerStarts())
 }
 
-// oldServerAPI refuses eager offers as an older server does: the request
-// has a field it does not know.
+// oldServerAPI refuses eager offers as a server that predates them does:
+// 400, UNKNOWN_FIELD, naming the field.
 type oldServerAPI struct {
 	workers.TaskAPI
 	offers atomic.Int32
@@ -144,7 +144,7 @@ type oldServerAPI struct {
 func (a *oldServerAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
 	if r.Eager != nil {
 		a.offers.Add(1)
-		return taskapi.ReportResponse{}, &taskapi.APIError{Status: 400, Code: "INVALID", Message: `bad request body: json: unknown field "eager"`}
+		return taskapi.ReportResponse{}, &taskapi.APIError{Status: 400, Code: taskapi.CodeUnknownField, Field: "eager", Message: `the server does not know the field "eager"`}
 	}
 	return a.TaskAPI.Complete(ctx, r)
 }
@@ -191,7 +191,7 @@ type badOutputAPI struct {
 
 func (a *badOutputAPI) Complete(ctx context.Context, r taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
 	if a.calls.Add(1) == 1 {
-		return taskapi.ReportResponse{}, &taskapi.APIError{Status: 400, Code: "INVALID", Message: "output is not valid JSON"}
+		return taskapi.ReportResponse{}, &taskapi.APIError{Status: 400, Code: "INVALID", Message: `output is not valid JSON (not an unknown field "eager")`}
 	}
 	a.passed.Add(1)
 	return a.TaskAPI.Complete(ctx, r)

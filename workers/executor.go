@@ -66,7 +66,7 @@ func asFailure(err error) *Failure {
 	if errors.As(err, &f) {
 		return f
 	}
-	return &Failure{Code: "task_error", Message: err.Error(), Retryable: true}
+	return &Failure{Code: taskapi.CodeTaskError, Message: err.Error(), Retryable: true}
 }
 
 // Noop completes at once with an empty output (benchmarks, tests).

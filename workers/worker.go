@@ -35,10 +35,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -430,7 +428,7 @@ func (w *Worker) collect(ctx context.Context, key string, c *redis.XStreamSliceC
 func (w *Worker) deadLetter(ctx context.Context, key string, x redis.XMessage, cause error) {
 	w.log.Error("poison message dead-lettered", zap.String("stream", key), zap.String("message_id", x.ID), zap.Error(cause))
 	pipe := w.rdb.Pipeline()
-	pipe.XAdd(ctx, &redis.XAddArgs{Stream: w.names.NS + ":dead", MaxLen: 10_000, Approx: true,
+	pipe.XAdd(ctx, &redis.XAddArgs{Stream: w.names.DeadLetters(), MaxLen: 10_000, Approx: true,
 		Values: map[string]any{"stream": key, "id": x.ID, "error": cause.Error(), "values": fmt.Sprint(x.Values)}})
 	m := stream.Message{ID: x.ID, Stream: key}
 	if task, ok := x.Values["k"].(string); ok {
@@ -634,8 +632,7 @@ const eagerPause = time.Minute
 func (w *Worker) complete(ctx context.Context, log *zap.Logger, req taskapi.CompleteRequest) (taskapi.ReportResponse, error) {
 	res, err := w.api.Complete(ctx, req)
 	var apiErr *taskapi.APIError
-	if req.Eager == nil || !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest ||
-		!strings.Contains(apiErr.Message, `unknown field "eager"`) {
+	if req.Eager == nil || !errors.As(err, &apiErr) || apiErr.Code != taskapi.CodeUnknownField || apiErr.Field != "eager" {
 		return res, err
 	}
 	w.eagerRefusedUntil.Store(time.Now().Add(eagerPause).UnixNano())
@@ -706,9 +703,9 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task,
 	f := asFailure(err)
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, ErrShutdown):
-		f = Retryable("worker_shutdown", "the worker shut down before the task finished")
+		f = Retryable(taskapi.CodeWorkerShutdown, "the worker shut down before the task finished")
 	case runCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil:
-		f = Retryable("execution_timeout", "the attempt exceeded its timeout of %s", time.Duration(t.Config.TimeoutMS)*time.Millisecond)
+		f = Retryable(taskapi.CodeExecutionTimeout, "the attempt exceeded its timeout of %s", time.Duration(t.Config.TimeoutMS)*time.Millisecond)
 	}
 	span.SetStatus(codes.Error, f.Code)
 	w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
@@ -900,7 +897,7 @@ func (w *Worker) poison(ctx context.Context, m stream.Message) {
 	w.log.Error("message delivered too many times; reporting a failed attempt", zap.Stringer("task_id", m.Task),
 		zap.Int64("deliveries", m.Deliveries), zap.Int("attempt", m.Attempt))
 	_, err := w.api.Fail(ctx, taskapi.FailRequest{Ref: refOf(m), NodeID: m.Node, WorkerID: w.cfg.WorkerID, Unleased: true, Retryable: true,
-		Error: taskapi.Error{Code: "max_deliveries", Message: fmt.Sprintf("the message was delivered %d times without completing", m.Deliveries)}})
+		Error: taskapi.Error{Code: taskapi.CodeMaxDeliveries, Message: fmt.Sprintf("the message was delivered %d times without completing", m.Deliveries)}})
 	if err != nil {
 		w.log.Warn("reporting a poison message failed; it stays pending", zap.Error(err))
 		return

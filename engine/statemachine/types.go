@@ -67,7 +67,8 @@ type Error struct {
 	Details json.RawMessage `json:"details,omitempty"`
 }
 
-// Error codes set by the engine (workers add their own, e.g. "http_status").
+// Error codes set by the engine (workers report their own: taskapi's
+// Code constants, and executors' such as "http_status").
 const (
 	CodeNodeFailed        = "node_failed"
 	CodeExpression        = "expression_error"
@@ -77,8 +78,7 @@ const (
 	CodeScheduleToStart   = "schedule_to_start_timeout"
 	CodeApprovalRejected  = "approval_rejected"
 	CodeLeaseExpired      = "lease_expired"
-	CodeMaxDeliveries     = "max_deliveries"
-	CodeExecutionTimeout  = "execution_timeout"
+	CodeOutputTooLarge    = "output_too_large"
 	CodeCancelled         = "cancelled"
 	CodeOutputExpression  = "output_expression_error"
 	CodeInvalidDefinition = "invalid_definition"
@@ -183,14 +183,27 @@ type CancelRequested struct{ Reason string }
 // not finish; completed nodes keep their outputs.
 type RerunRequested struct{}
 
-func (RunStarted) eventKind() string      { return "run_started" }
-func (NodeCompleted) eventKind() string   { return "node_completed" }
-func (NodeFailed) eventKind() string      { return "node_failed" }
-func (LeaseExpired) eventKind() string    { return "lease_expired" }
-func (TimerFired) eventKind() string      { return "timer_fired" }
-func (SignalReceived) eventKind() string  { return "signal_received" }
-func (CancelRequested) eventKind() string { return "cancel_requested" }
-func (RerunRequested) eventKind() string  { return "rerun_requested" }
+// Event kinds: what Kind returns, the timeline's kind column and what
+// transition hooks and observers see.
+const (
+	KindRunStarted      = "run_started"
+	KindNodeCompleted   = "node_completed"
+	KindNodeFailed      = "node_failed"
+	KindLeaseExpired    = "lease_expired"
+	KindTimerFired      = "timer_fired"
+	KindSignalReceived  = "signal_received"
+	KindCancelRequested = "cancel_requested"
+	KindRerunRequested  = "rerun_requested"
+)
+
+func (RunStarted) eventKind() string      { return KindRunStarted }
+func (NodeCompleted) eventKind() string   { return KindNodeCompleted }
+func (NodeFailed) eventKind() string      { return KindNodeFailed }
+func (LeaseExpired) eventKind() string    { return KindLeaseExpired }
+func (TimerFired) eventKind() string      { return KindTimerFired }
+func (SignalReceived) eventKind() string  { return KindSignalReceived }
+func (CancelRequested) eventKind() string { return KindCancelRequested }
+func (RerunRequested) eventKind() string  { return KindRerunRequested }
 
 // Action is one change the coordinator must persist. Actions are ordered:
 // persist them in the order given.

@@ -118,6 +118,21 @@ func (n Names) PollAnswer(tenant uuid.UUID, worker, poll string) string {
 // discover tenant shards from it instead of scanning keys.
 func (n Names) Active(queue string) string { return n.NS + ":active:" + queue }
 
+// StartBucket is a tenant's start rate-limit bucket (tenants.RateLimiter).
+func (n Names) StartBucket(tenant uuid.UUID) string {
+	return n.NS + ":{" + tenant.String() + "}:starts"
+}
+
+// Running is a tenant's running-task permit set (tenants.Slots).
+func (n Names) Running(tenant uuid.UUID) string { return n.NS + ":{" + tenant.String() + "}:running" }
+
+// Live is the pub/sub channel of a tenant's committed run changes
+// (graph.Live).
+func (n Names) Live(tenant uuid.UUID) string { return n.NS + ":live:" + tenant.String() }
+
+// DeadLetters is the stream undecodable messages are moved to.
+func (n Names) DeadLetters() string { return n.NS + ":dead" }
+
 // Wake is the pub/sub channel the enqueuer pings after publishing to a
 // queue, so idle workers read at once instead of at their next poll.
 func (n Names) Wake(queue string) string { return n.NS + ":wake:" + queue }

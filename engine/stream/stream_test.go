@@ -18,6 +18,12 @@ func TestStreamKeysCarryTheTenantHashTag(t *testing.T) {
 	n := NewNames("")
 	assert.Equal(t, "composer:{0190e6a8-0000-7000-8000-000000000001}:q:default:3", n.Stream(tenant, "default", 3))
 	assert.Len(t, n.Streams(tenant, "http", 4), 4)
+	// Every key of one tenant carries its hash tag: one cluster slot, so
+	// scripts may touch them together.
+	for _, k := range []string{n.HandlerStream(tenant, "default", "charge"), n.Queued(tenant), n.Running(tenant), n.StartBucket(tenant),
+		n.Workers(tenant), n.WorkersLive(tenant), n.WorkersBusy(tenant), n.PollAnswer(tenant, "w", "p"), QueuedOf(n.Stream(tenant, "default", 1))} {
+		assert.Contains(t, k, "composer:{"+tenant.String()+"}:", k)
+	}
 	id, shards, weight, err := ParseActiveMember(ActiveMember(tenant, 8, 4))
 	require.NoError(t, err)
 	assert.Equal(t, tenant, id)

@@ -193,11 +193,33 @@ type ReportResponse struct {
 	Next *Lease `json:"next,omitempty"`
 }
 
+// Failure codes a worker reports (Error.Code) for what happened on its
+// side; executors add their own (e.g. "http_status"), and the engine its
+// own (statemachine's Code constants).
+const (
+	CodeTaskError        = "task_error"        // the handler returned an error
+	CodePermanentError   = "permanent_error"   // the handler said not to retry
+	CodeExecutionTimeout = "execution_timeout" // the attempt ran past its timeout
+	CodeWorkerShutdown   = "worker_shutdown"   // the worker stopped before the task finished
+	CodeMaxDeliveries    = "max_deliveries"    // the message kept coming back without running
+	CodeNoHandler        = "no_handler"        // no handler of that name on the worker
+	CodePanic            = "panic"             // the handler panicked
+	CodeBadInput         = "bad_input"         // the input does not fit the handler's type
+	CodeBadOutput        = "bad_output"        // the handler's output is not JSON
+)
+
+// CodeUnknownField is the error code of a request the server refused for
+// a field it does not know (ErrorResponse's Field names it): how a worker
+// newer than its server learns that a feature is not there yet.
+const CodeUnknownField = "UNKNOWN_FIELD"
+
 // ErrorResponse is the body of every non-2xx answer.
 type ErrorResponse struct {
 	Error struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
+		// Field is the unknown field of an UNKNOWN_FIELD answer.
+		Field string `json:"field,omitempty"`
 	} `json:"error"`
 }
 
@@ -206,6 +228,7 @@ type APIError struct {
 	Status  int
 	Code    string
 	Message string
+	Field   string
 }
 
 func (e *APIError) Error() string {
@@ -289,7 +312,7 @@ func (c *Client) call(ctx context.Context, path string, in, out any) error {
 	if resp.StatusCode/100 != 2 {
 		var e ErrorResponse
 		_ = json.Unmarshal(data, &e)
-		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
+		return &APIError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message, Field: e.Error.Field}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("task API %s: decode answer: %w", path, err)

@@ -10,7 +10,9 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -108,6 +110,15 @@ func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, e
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&in); err != nil {
+			if field, ok := unknownField(err); ok {
+				var body taskapi.ErrorResponse
+				body.Error.Code, body.Error.Field = taskapi.CodeUnknownField, field
+				body.Error.Message = fmt.Sprintf("the server does not know the field %q", field)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusBadRequest)
+				_ = json.NewEncoder(w).Encode(body)
+				return
+			}
 			s.writeError(w, errs.E(errs.Invalid, "bad request body: %v", err))
 			return
 		}
@@ -119,6 +130,17 @@ func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, e
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(out)
 	}
+}
+
+// unknownField names the field a strict decode refused (encoding/json
+// reports it only in its message).
+func unknownField(err error) (string, bool) {
+	rest, ok := strings.CutPrefix(err.Error(), "json: unknown field ")
+	if !ok {
+		return "", false
+	}
+	field, err := strconv.Unquote(rest)
+	return field, err == nil
 }
 
 var statusOf = map[errs.Kind]int{

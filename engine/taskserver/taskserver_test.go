@@ -2,6 +2,7 @@ package taskserver_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -50,6 +51,10 @@ func TestWorkerCredentialIsRequired(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer s3cret")
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
+	var body taskapi.ErrorResponse
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "unknown fields are rejected")
+	assert.Equal(t, taskapi.CodeUnknownField, body.Error.Code, "with a code a newer client can act on")
+	assert.Equal(t, "bogus", body.Error.Field, "naming the field")
 }

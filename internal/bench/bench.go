@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
+	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/config"
@@ -148,7 +149,7 @@ func (p *probe) onTransition(t engine.Transition) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if t.Event == "node_completed" {
+	if t.Event == sm.KindNodeCompleted {
 		p.commits[key{t.RunID, t.Node}] = now
 	}
 	if t.Terminal {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/composer-dev/composer/engine/taskapi"
 )
 
 // Causes of a handler's context being cancelled (context.Cause).
@@ -55,7 +57,7 @@ func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &Error{Code: "permanent_error", Message: err.Error(), Err: err}
+	return &Error{Code: taskapi.CodePermanentError, Message: err.Error(), Err: err}
 }
 
 // RetryAfter marks err as retryable no sooner than d from now (e.g. a
@@ -64,7 +66,7 @@ func RetryAfter(err error, d time.Duration) error {
 	if err == nil {
 		return nil
 	}
-	return &Error{Code: "task_error", Message: err.Error(), Retryable: true, RetryAfter: d, Err: err}
+	return &Error{Code: taskapi.CodeTaskError, Message: err.Error(), Retryable: true, RetryAfter: d, Err: err}
 }
 
 // Errorf returns a failure with a code; retryable says whether another
@@ -79,12 +81,12 @@ func failure(err error) *Error {
 	if errors.As(err, &e) {
 		out := *e
 		if out.Code == "" {
-			out.Code = "task_error"
+			out.Code = taskapi.CodeTaskError
 		}
 		if out.Message == "" && out.Err != nil {
 			out.Message = out.Err.Error()
 		}
 		return &out
 	}
-	return &Error{Code: "task_error", Message: err.Error(), Retryable: true}
+	return &Error{Code: taskapi.CodeTaskError, Message: err.Error(), Retryable: true}
 }

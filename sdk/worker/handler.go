@@ -7,6 +7,8 @@ import (
 	"regexp"
 
 	"github.com/google/uuid"
+
+	"github.com/composer-dev/composer/engine/taskapi"
 )
 
 // RawHandler runs one attempt of a task node with its input as JSON and
@@ -45,7 +47,7 @@ func Handle[In, Out any](w *Worker, name string, fn func(ctx context.Context, in
 		var in In
 		if len(raw) > 0 && string(raw) != "null" {
 			if err := json.Unmarshal(raw, &in); err != nil {
-				return nil, &Error{Code: "bad_input", Message: fmt.Sprintf("the task input does not fit the handler's input type: %v", err), Err: err}
+				return nil, &Error{Code: taskapi.CodeBadInput, Message: fmt.Sprintf("the task input does not fit the handler's input type: %v", err), Err: err}
 			}
 		}
 		out, err := fn(ctx, in)
@@ -54,7 +56,7 @@ func Handle[In, Out any](w *Worker, name string, fn func(ctx context.Context, in
 		}
 		b, err := json.Marshal(out)
 		if err != nil {
-			return nil, &Error{Code: "bad_output", Message: fmt.Sprintf("the handler's output cannot be encoded as JSON: %v", err), Err: err}
+			return nil, &Error{Code: taskapi.CodeBadOutput, Message: fmt.Sprintf("the handler's output cannot be encoded as JSON: %v", err), Err: err}
 		}
 		return b, nil
 	})

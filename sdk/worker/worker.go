@@ -453,7 +453,7 @@ func (w *Worker) execute(execCtx context.Context, l taskapi.Lease, since time.Ti
 	if fn == nil {
 		// The server only leases handlers this worker named; a lease for
 		// another one is a bug somewhere, and another worker may have it.
-		err = &Error{Code: "no_handler", Message: fmt.Sprintf("no handler %q is registered on worker %s", handler, w.opts.WorkerID), Retryable: true}
+		err = &Error{Code: taskapi.CodeNoHandler, Message: fmt.Sprintf("no handler %q is registered on worker %s", handler, w.opts.WorkerID), Retryable: true}
 	} else {
 		out, err = safeRun(runCtx, fn, l.Input)
 	}
@@ -485,9 +485,9 @@ func (w *Worker) execute(execCtx context.Context, l taskapi.Lease, since time.Ti
 	f := failure(err)
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, ErrShutdown):
-		f = &Error{Code: "worker_shutdown", Message: "the worker shut down before the task finished", Retryable: true}
+		f = &Error{Code: taskapi.CodeWorkerShutdown, Message: "the worker shut down before the task finished", Retryable: true}
 	case runCtx.Err() == context.DeadlineExceeded && ctx.Err() == nil:
-		f = &Error{Code: "execution_timeout", Message: fmt.Sprintf("the attempt exceeded its timeout of %s", time.Duration(cfg.TimeoutMS)*time.Millisecond), Retryable: true}
+		f = &Error{Code: taskapi.CodeExecutionTimeout, Message: fmt.Sprintf("the attempt exceeded its timeout of %s", time.Duration(cfg.TimeoutMS)*time.Millisecond), Retryable: true}
 	}
 	span.SetStatus(codes.Error, f.Code)
 	log.Info("attempt failed", "code", f.Code, "retryable", f.Retryable, "error", f.Message)
@@ -502,7 +502,7 @@ func (w *Worker) execute(execCtx context.Context, l taskapi.Lease, since time.Ti
 func safeRun(ctx context.Context, fn RawHandler, input json.RawMessage) (out json.RawMessage, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			out, err = nil, &Error{Code: "panic", Message: fmt.Sprintf("the handler panicked: %v", r), Retryable: true}
+			out, err = nil, &Error{Code: taskapi.CodePanic, Message: fmt.Sprintf("the handler panicked: %v", r), Retryable: true}
 		}
 	}()
 	return fn(ctx, input)
