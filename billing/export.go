@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/internal/lifecycle"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -86,7 +87,7 @@ func (e *Exporter) defaults() {
 }
 
 // Run exports until ctx ends.
-func (e *Exporter) Run(ctx context.Context) {
+func (e *Exporter) Run(ctx context.Context) error {
 	e.defaults()
 	for ctx.Err() == nil {
 		n, err := e.Pass(ctx)
@@ -96,11 +97,9 @@ func (e *Exporter) Run(ctx context.Context) {
 		if n == e.Batch && err == nil {
 			continue // more waiting
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(e.Interval):
-		}
+		lifecycle.Sleep(ctx, e.Interval)
 	}
+	return ctx.Err()
 }
 
 type claimed struct {

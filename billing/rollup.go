@@ -37,7 +37,7 @@ const (
 )
 
 // Run rolls up every Interval until ctx ends.
-func (r *Rollup) Run(ctx context.Context) {
+func (r *Rollup) Run(ctx context.Context) error {
 	t := time.NewTicker(r.Interval)
 	defer t.Stop()
 	for {
@@ -46,7 +46,7 @@ func (r *Rollup) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case <-t.C:
 		}
 	}

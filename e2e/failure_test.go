@@ -117,7 +117,8 @@ func TestRunTimeoutCancelsWhatIsLeft(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	sys.StartWorker(apptest.WorkerOptions{})
-	wf := sys.Workflow(`{"timeout":"500ms","nodes":[{"id":"quick","type":"noop"},{"id":"nap","type":"sleep","sleep":{"duration":"1h"}}]}`)
+	// The timeout leaves the quick step time to finish even on a loaded machine.
+	wf := sys.Workflow(`{"timeout":"3s","nodes":[{"id":"quick","type":"noop"},{"id":"nap","type":"sleep","sleep":{"duration":"1h"}}]}`)
 	run, tasks := sys.WaitRun(sys.StartRun(wf, `{}`), 20*time.Second)
 	require.Equal(t, "failed", run.Status)
 	assert.Equal(t, "run_timeout", errCode(t, run.Error))

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -38,15 +39,12 @@ type SweeperConfig struct {
 	RetentionMonths int
 }
 
-// DefaultLostDispatchAge is the default SweeperConfig.LostDispatchAge.
-const DefaultLostDispatchAge = 10 * time.Second
-
 func (c *SweeperConfig) defaults() {
 	if c.Interval <= 0 {
-		c.Interval = 5 * time.Second
+		c.Interval = config.DefaultSweepInterval
 	}
 	if c.LostDispatchAge <= 0 {
-		c.LostDispatchAge = DefaultLostDispatchAge
+		c.LostDispatchAge = config.DefaultLostDispatchAge
 	}
 	if c.CheckBatch <= 0 {
 		c.CheckBatch = 5000

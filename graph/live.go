@@ -39,6 +39,8 @@ type Live struct {
 	read  func(ctx context.Context, tenant, run uuid.UUID) (*engine.RunView, error)
 	reads chan struct{} // bounds the reads in flight
 
+	fetches sync.WaitGroup // fetches in flight
+
 	mu      sync.Mutex
 	ps      *redis.PubSub
 	ctx     context.Context
@@ -123,8 +125,11 @@ func (l *Live) Publish(t engine.Transition) {
 	}
 }
 
-// Run publishes queued changes and delivers received ones until ctx ends.
-func (l *Live) Run(ctx context.Context) {
+// Run publishes queued changes and delivers received ones until ctx ends,
+// and returns once its publisher and every read it started have.
+func (l *Live) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	l.mu.Lock()
 	l.ps = l.rdb.Subscribe(ctx)
 	l.ctx = ctx
@@ -142,7 +147,9 @@ func (l *Live) Run(ctx context.Context) {
 		l.tenants = map[uuid.UUID]*tenantSubs{}
 		l.mu.Unlock()
 	}()
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			select {
 			case <-ctx.Done():
@@ -159,10 +166,12 @@ func (l *Live) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			l.fetches.Wait()
+			return ctx.Err()
 		case m, ok := <-msgs:
 			if !ok {
-				return
+				l.fetches.Wait()
+				return ctx.Err()
 			}
 			var c Change
 			if json.Unmarshal([]byte(m.Payload), &c) == nil {
@@ -185,7 +194,11 @@ func (l *Live) changed(c Change) {
 		return
 	}
 	ts.reading[c.Run] = &readState{event: c.Event}
-	go l.fetch(c.Tenant, c.Run)
+	l.fetches.Add(1)
+	go func() {
+		defer l.fetches.Done()
+		l.fetch(c.Tenant, c.Run)
+	}()
 }
 
 func (ts *tenantSubs) wants(run uuid.UUID) bool {

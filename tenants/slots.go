@@ -30,6 +30,7 @@ type Slots struct {
 	mu       sync.Mutex
 	pending  map[uuid.UUID][]string // releases not yet sent
 	flushing bool
+	flushes  sync.WaitGroup
 	onError  func(error)
 }
 
@@ -212,9 +213,17 @@ func (s *Slots) ReleaseLater(tenant uuid.UUID, members ...string) {
 	s.flushing = true
 	s.mu.Unlock()
 	if start {
-		go s.flush()
+		s.flushes.Add(1)
+		go func() {
+			defer s.flushes.Done()
+			s.flush()
+		}()
 	}
 }
+
+// Wait returns once the releases queued so far have been sent (or have
+// failed): a process that stops calls it after its last report.
+func (s *Slots) Wait() { s.flushes.Wait() }
 
 func (s *Slots) flush() {
 	for {

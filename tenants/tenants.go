@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/lifecycle"
 )
 
 // DB holds the connection pools of the two runtime roles.
@@ -229,7 +230,7 @@ func run(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox 
 		if err == nil || attempt == maxAttempts || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
-		time.Sleep(time.Duration(attempt) * 5 * time.Millisecond)
+		lifecycle.Sleep(ctx, time.Duration(attempt)*5*time.Millisecond)
 	}
 }
 

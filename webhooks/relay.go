@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/billing"
+	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
@@ -80,10 +81,10 @@ func (r *Relay) init() {
 			r.Jitter = 0.2
 		}
 		if r.Timeout == 0 {
-			r.Timeout = 10 * time.Second
+			r.Timeout = config.DefaultWebhookTimeout
 		}
 		if r.DisableAfter == 0 {
-			r.DisableAfter = 5 * 24 * time.Hour
+			r.DisableAfter = config.DefaultWebhookDisableAfter
 		}
 		if r.Interval == 0 {
 			r.Interval = time.Second
@@ -128,7 +129,7 @@ func (r *Relay) Wake() {
 // once, at most a quarter of them (PerTenant) for one tenant, so a tenant
 // whose endpoint hangs cannot take every sender; a freed sender claims
 // again at once.
-func (r *Relay) Run(ctx context.Context) {
+func (r *Relay) Run(ctx context.Context) error {
 	r.init()
 	poll := time.NewTicker(r.Interval)
 	defer poll.Stop()
@@ -189,7 +190,7 @@ func (r *Relay) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case <-r.wake:
 		case <-poll.C:
 		}

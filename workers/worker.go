@@ -52,6 +52,8 @@ import (
 
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/lifecycle"
 )
 
 // ErrLeaseLost is the cancellation cause of an execution whose lease is gone.
@@ -112,19 +114,19 @@ func (c *Config) defaults() {
 		c.Queues = []string{"default"}
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 16
+		c.Concurrency = config.DefaultWorkerConcurrency
 	}
 	if c.LeaseTTL <= 0 {
-		c.LeaseTTL = 30 * time.Second
+		c.LeaseTTL = config.DefaultLeaseTTL
 	}
 	if c.ClaimIdle <= 0 {
-		c.ClaimIdle = 2 * c.LeaseTTL
+		c.ClaimIdle = config.DefaultClaimIdle(c.LeaseTTL)
 	}
 	if c.MaxDeliveries <= 0 {
-		c.MaxDeliveries = 5
+		c.MaxDeliveries = config.DefaultMaxDeliveries
 	}
 	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = config.DefaultShutdownTimeout
 	}
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
@@ -312,9 +314,7 @@ func (w *Worker) wakeLoop(ctx context.Context) {
 			}
 		}
 		_ = ps.Close()
-		if ctx.Err() == nil {
-			time.Sleep(100 * time.Millisecond)
-		}
+		lifecycle.Sleep(ctx, 100*time.Millisecond)
 	}
 }
 

@@ -38,6 +38,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -64,7 +65,7 @@ func (c *Config) defaults() {
 		c.BatchSize = 256
 	}
 	if c.PollInterval <= 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = config.DefaultOutboxPollInterval
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 12
@@ -131,10 +132,15 @@ func (e *Enqueuer) Wake() {
 
 // Run drains the outbox until ctx ends.
 func (e *Enqueuer) Run(ctx context.Context) error {
-	go e.listenLoop(ctx)
-	go e.deleteLoop(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait() // every loop it started has returned
+	loops := []func(context.Context){e.listenLoop, e.deleteLoop}
 	for range freshPublishers {
-		go e.freshLoop(ctx)
+		loops = append(loops, e.freshLoop)
+	}
+	for _, loop := range loops {
+		wg.Add(1)
+		go func() { defer wg.Done(); loop(ctx) }()
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()

@@ -50,6 +50,7 @@ import (
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/lifecycle"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -128,7 +129,10 @@ func New(coord *engine.Coordinator, rdb redis.UniversalClient, names stream.Name
 }
 
 // Run keeps the wake-up subscription until ctx ends.
-func (p *Poller) Run(ctx context.Context) { p.hub.run(ctx) }
+func (p *Poller) Run(ctx context.Context) error {
+	p.hub.run(ctx)
+	return ctx.Err()
+}
 
 // Caller is the authenticated worker: its tenant and the API key it used.
 type Caller struct {
@@ -465,7 +469,7 @@ func (p *Poller) lease(ctx context.Context, c Caller, q *poll, msgs []stream.Mes
 		if err == nil || errs.KindOf(err) == errs.Invalid || time.Now().Add(backoff).After(retryUntil) {
 			break
 		}
-		time.Sleep(backoff)
+		lifecycle.Sleep(bg, backoff)
 	}
 	if err != nil {
 		p.log.Warn("leasing polled tasks failed; their messages go back to the streams", zap.Stringer("tenant_id", c.Tenant),

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,6 +29,7 @@ import (
 	"github.com/composer-dev/composer/graph"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/lifecycle"
 	"github.com/composer-dev/composer/internal/pguuid"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
@@ -135,6 +135,7 @@ type Server struct {
 	Authz       *auth.Authorizer
 	Live        *graph.Live
 	Limiter     *tenants.RateLimiter
+	slots       *tenants.Slots
 	// Poller serves tenant workers' polls.
 	Poller *taskpoll.Poller
 	// Mux is the public listener's; Admin the operator's (metrics, health).
@@ -147,7 +148,7 @@ type Server struct {
 	Relay    *webhooks.Relay
 	caps     billing.CapCache
 	// Background are the server's other loops, run by Run until it stops.
-	Background []func(context.Context)
+	Background []lifecycle.Service
 }
 
 // Hooks are what every transition writes in its own transaction: usage
@@ -183,7 +184,7 @@ func (s *Server) setupWebhooks() error {
 		Log: d.Log.Named("webhooks"), Meter: s.meter(), DisableAfter: d.Cfg.WebhookDisableAfter,
 		Timeout: d.Cfg.WebhookTimeout, ClaimLease: 3 * d.Cfg.WebhookTimeout,
 		Retention: time.Duration(d.Cfg.WebhookRetentionDays) * 24 * time.Hour}
-	s.Background = append(s.Background, s.Relay.Run)
+	s.Background = append(s.Background, s.Relay)
 	return nil
 }
 
@@ -246,6 +247,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	slots := tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
 		d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
 	})
+	s.slots = slots
 	s.Coordinator = engine.NewCoordinator(d.DB, engine.Options{Logger: d.Log.Named("coordinator"), Wake: s.Enqueuer.Wake,
 		PublishNow: s.Enqueuer.PublishNow,
 		WakeTimers: func() {
@@ -254,7 +256,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			}
 		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots})
 	s.Poller = taskpoll.New(s.Coordinator, d.Redis, stream.NewNames(d.Cfg.RedisNamespace), slots, taskpoll.Config{}, d.Log.Named("taskpoll"))
-	s.Background = append(s.Background, s.Poller.Run)
+	s.Background = append(s.Background, s.Poller)
 	names := stream.NewNames(d.Cfg.RedisNamespace)
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
 		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths,
@@ -266,10 +268,10 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Sweeper = sweeper
 	rollup := &billing.Rollup{DB: d.DB, Log: d.Log.Named("usage"), Interval: d.Cfg.UsageRollupInterval,
 		Retention: time.Duration(d.Cfg.UsageRetentionDays) * 24 * time.Hour}
-	s.Background = append(s.Background, rollup.Run)
+	s.Background = append(s.Background, rollup)
 	if d.Cfg.BillingExportURL != "" {
 		exporter := &billing.Exporter{DB: d.DB, URL: d.Cfg.BillingExportURL, Token: d.Cfg.BillingExportToken, Log: d.Log.Named("usage-export")}
-		s.Background = append(s.Background, exporter.Run)
+		s.Background = append(s.Background, exporter)
 	}
 
 	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, s.Poller, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
@@ -326,15 +328,10 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 		go func() { _ = admin.Serve(aln) }()
 		defer admin.Close()
 	}
-	var wg sync.WaitGroup
-	wg.Add(3)
-	go func() { defer wg.Done(); s.Live.Run(ctx) }()
-	go func() { defer wg.Done(); _ = s.Enqueuer.Run(ctx) }()
-	go func() { defer wg.Done(); _ = s.Sweeper.Run(ctx) }()
-	for _, loop := range s.Background {
-		wg.Add(1)
-		go func() { defer wg.Done(); loop(ctx) }()
-	}
+	loops := make(chan error, 1)
+	go func() {
+		loops <- lifecycle.RunAll(ctx, append([]lifecycle.Service{s.Live, s.Enqueuer, s.Sweeper}, s.Background...)...)
+	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	s.Log.Info("server listening", zap.String("addr", ln.Addr().String()))
@@ -349,7 +346,12 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.Cfg.ShutdownTimeout)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
-	wg.Wait()
+	if err := <-loops; err != nil {
+		s.Log.Warn("a background loop stopped with an error", zap.Error(err))
+	}
+	if s.slots != nil {
+		s.slots.Wait() // quota permits released after the last report
+	}
 	return nil
 }
 

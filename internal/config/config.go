@@ -131,6 +131,24 @@ type Config struct {
 	WebhookTimeout time.Duration
 }
 
+// The defaults of the settings the engine's packages also use when they
+// are built without a Config (tests, embedding): named once, here.
+const (
+	DefaultLeaseTTL            = 30 * time.Second
+	DefaultWorkerConcurrency   = 16
+	DefaultMaxDeliveries       = 5
+	DefaultShutdownTimeout     = 30 * time.Second
+	DefaultSweepInterval       = 5 * time.Second
+	DefaultLostDispatchAge     = 10 * time.Second
+	DefaultOutboxPollInterval  = time.Second
+	DefaultWebhookTimeout      = 10 * time.Second
+	DefaultWebhookDisableAfter = 5 * 24 * time.Hour
+)
+
+// DefaultClaimIdle is the claim idle of a lease TTL: twice it, so a
+// worker that is only slow keeps its messages.
+func DefaultClaimIdle(leaseTTL time.Duration) time.Duration { return 2 * leaseTTL }
+
 // Defaults returns the configuration used when no variable is set.
 func Defaults() Config {
 	return Config{
@@ -141,28 +159,28 @@ func Defaults() Config {
 		RedisNamespace:       "composer",
 		DBMaxConns:           32,
 		WorkerQueues:         []string{"default"},
-		WorkerConcurrency:    16,
+		WorkerConcurrency:    DefaultWorkerConcurrency,
 		WorkerEager:          true,
-		ClaimIdle:            time.Minute,
-		MaxDeliveries:        5,
-		ShutdownTimeout:      30 * time.Second,
+		ClaimIdle:            DefaultClaimIdle(DefaultLeaseTTL),
+		MaxDeliveries:        DefaultMaxDeliveries,
+		ShutdownTimeout:      DefaultShutdownTimeout,
 		HTTPAddr:             "127.0.0.1:8080",
 		AdminAddr:            "127.0.0.1:9090",
 		ServerURL:            "http://127.0.0.1:8080",
 		LogLevel:             "info",
-		LeaseTTL:             30 * time.Second,
-		SweepInterval:        5 * time.Second,
-		LostDispatchAge:      10 * time.Second,
-		OutboxPollInterval:   time.Second,
+		LeaseTTL:             DefaultLeaseTTL,
+		SweepInterval:        DefaultSweepInterval,
+		LostDispatchAge:      DefaultLostDispatchAge,
+		OutboxPollInterval:   DefaultOutboxPollInterval,
 		DefaultStreamShards:  4,
 		RetentionMonths:      3,
 		JWTIssuer:            "composer",
 		JWTAudience:          "composer-api",
 		UsageRollupInterval:  time.Minute,
 		UsageRetentionDays:   90,
-		WebhookDisableAfter:  5 * 24 * time.Hour,
+		WebhookDisableAfter:  DefaultWebhookDisableAfter,
 		WebhookRetentionDays: 30,
-		WebhookTimeout:       10 * time.Second,
+		WebhookTimeout:       DefaultWebhookTimeout,
 	}
 }
 
@@ -182,7 +200,6 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.list("COMPOSER_WORKER_QUEUES", &c.WorkerQueues)
 	p.integer("COMPOSER_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1, 10000)
 	p.boolean("COMPOSER_WORKER_EAGER", &c.WorkerEager)
-	p.duration("COMPOSER_CLAIM_IDLE", &c.ClaimIdle, 100*time.Millisecond)
 	p.integer("COMPOSER_MAX_DELIVERIES", &c.MaxDeliveries, 1, 1000)
 	p.duration("COMPOSER_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 0)
 	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
@@ -193,6 +210,8 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.oneOf("COMPOSER_LOG_LEVEL", &c.LogLevel, "debug", "info", "warn", "error")
 	p.str("COMPOSER_OTLP_ENDPOINT", &c.OTLPEndpoint)
 	p.duration("COMPOSER_LEASE_TTL", &c.LeaseTTL, time.Second)
+	c.ClaimIdle = DefaultClaimIdle(c.LeaseTTL) // unless set itself:
+	p.duration("COMPOSER_CLAIM_IDLE", &c.ClaimIdle, 100*time.Millisecond)
 	p.duration("COMPOSER_SWEEP_INTERVAL", &c.SweepInterval, 10*time.Millisecond)
 	p.duration("COMPOSER_LOST_DISPATCH_AGE", &c.LostDispatchAge, 10*time.Millisecond)
 	p.duration("COMPOSER_OUTBOX_POLL_INTERVAL", &c.OutboxPollInterval, time.Millisecond)

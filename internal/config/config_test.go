@@ -54,3 +54,17 @@ func TestLoadNamesEveryBadVariable(t *testing.T) {
 	}
 	assert.NotContains(t, msg, "secret-password", "a URL's credentials must never be echoed")
 }
+
+// TestClaimIdleFollowsTheLeaseTTL: unless set, a message is reclaimed
+// after twice the lease TTL — a longer lease moves it along.
+func TestClaimIdleFollowsTheLeaseTTL(t *testing.T) {
+	c, err := load(env(map[string]string{}))
+	require.NoError(t, err)
+	assert.Equal(t, time.Minute, c.ClaimIdle)
+	c, err = load(env(map[string]string{"COMPOSER_LEASE_TTL": "2m"}))
+	require.NoError(t, err)
+	assert.Equal(t, 4*time.Minute, c.ClaimIdle)
+	c, err = load(env(map[string]string{"COMPOSER_LEASE_TTL": "2m", "COMPOSER_CLAIM_IDLE": "30s"}))
+	require.NoError(t, err)
+	assert.Equal(t, 30*time.Second, c.ClaimIdle, "an explicit setting wins")
+}
