@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -208,7 +209,7 @@ func (k Keys) now() time.Time {
 
 // Create adds a key to the transaction's tenant and returns its plaintext,
 // which is never stored or shown again.
-func (k Keys) Create(ctx context.Context, tx *tenants.Tx, name string, scopes []string, expiresAt *time.Time, createdBy string) (string, Key, error) {
+func (k Keys) Create(ctx context.Context, tx *pg.Tx, name string, scopes []string, expiresAt *time.Time, createdBy string) (string, Key, error) {
 	name = strings.TrimSpace(name)
 	if name == "" || len(name) > 200 || strings.IndexFunc(name, unicode.IsControl) >= 0 {
 		return "", Key{}, errs.E(errs.Invalid, "key name must be 1-200 printable characters")
@@ -256,7 +257,7 @@ func (k Keys) Create(ctx context.Context, tx *tenants.Tx, name string, scopes []
 // List returns up to limit of the tenant's keys, oldest first (ids are
 // UUIDv7), after the key of id after (nil: from the first), revoked ones
 // included.
-func (k Keys) List(ctx context.Context, tx *tenants.Tx, limit int, after *uuid.UUID) ([]Key, error) {
+func (k Keys) List(ctx context.Context, tx *pg.Tx, limit int, after *uuid.UUID) ([]Key, error) {
 	rows, err := tx.Query(ctx, qKeyList, tx.Tenant, limit, after)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
@@ -270,7 +271,7 @@ func (k Keys) List(ctx context.Context, tx *tenants.Tx, limit int, after *uuid.U
 
 // Get returns one of the tenant's keys (NotFound when it has none of that
 // id).
-func (k Keys) Get(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Key, error) {
+func (k Keys) Get(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Key, error) {
 	key, err := scanKey(tx.QueryRow(ctx, qKeyGet, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Key{}, errs.E(errs.NotFound, "API key %s not found", id)
@@ -290,7 +291,7 @@ func scanKey(r pgx.Row) (Key, error) {
 
 // Revoke revokes a key of the tenant; the next request with it fails.
 // Revoking a revoked key changes nothing.
-func (k Keys) Revoke(ctx context.Context, tx *tenants.Tx, id uuid.UUID) error {
+func (k Keys) Revoke(ctx context.Context, tx *pg.Tx, id uuid.UUID) error {
 	tag, err := tx.Exec(ctx, qKeyRevoke, tx.Tenant, id)
 	if err != nil {
 		return fmt.Errorf("revoke api key %s: %w", id, err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 func TestAPIKeyFormatRoundTrips(t *testing.T) {
@@ -88,7 +88,7 @@ func TestKeysCreateListRevoke(t *testing.T) {
 	expires := time.Now().Add(24 * time.Hour).Truncate(time.Microsecond)
 	var plaintext string
 	var created auth.Key
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		plaintext, created, err = auth.Keys{}.Create(ctx, tx, " deploy bot ", []string{"runs:write", "runs:read", "runs:read"}, &expires, "user-1")
 		return err
@@ -100,7 +100,7 @@ func TestKeysCreateListRevoke(t *testing.T) {
 	assert.Equal(t, []string{"runs:read", "runs:write"}, created.Scopes, "sorted and deduplicated")
 
 	var listed []auth.Key
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		listed, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 		return err
 	})
@@ -113,31 +113,31 @@ func TestKeysCreateListRevoke(t *testing.T) {
 	assert.Nil(t, listed[0].RevokedAt)
 
 	// Another tenant neither sees nor revokes it.
-	require.NoError(t, f.db.WithTenant(ctx, f.b, func(ctx context.Context, tx *tenants.Tx) error {
+	require.NoError(t, f.db.WithTenant(ctx, f.b, func(ctx context.Context, tx *pg.Tx) error {
 		keys, err := auth.Keys{}.List(ctx, tx, 1000, nil)
 		assert.Empty(t, keys)
 		return err
 	}))
-	err = f.db.WithTenant(ctx, f.b, func(ctx context.Context, tx *tenants.Tx) error {
+	err = f.db.WithTenant(ctx, f.b, func(ctx context.Context, tx *pg.Tx) error {
 		return auth.Keys{}.Revoke(ctx, tx, created.ID)
 	})
 	assert.Equal(t, errs.NotFound, errs.KindOf(err))
 
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Keys{}.Revoke(ctx, tx, created.ID) })
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error { return auth.Keys{}.Revoke(ctx, tx, created.ID) })
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		listed, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 		return err
 	})
 	require.NotNil(t, listed[0].RevokedAt)
 	first := *listed[0].RevokedAt
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Keys{}.Revoke(ctx, tx, created.ID) })
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error { return auth.Keys{}.Revoke(ctx, tx, created.ID) })
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		listed, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 		return err
 	})
 	assert.True(t, first.Equal(*listed[0].RevokedAt), "revoking again keeps the first revocation time")
 
-	err = f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	err = f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		return auth.Keys{}.Revoke(ctx, tx, uuid.New())
 	})
 	assert.Equal(t, errs.NotFound, errs.KindOf(err))
@@ -165,7 +165,7 @@ func TestKeysCreateRejectsBadInput(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			err := f.db.WithTenant(context.Background(), f.a, func(ctx context.Context, tx *tenants.Tx) error {
+			err := f.db.WithTenant(context.Background(), f.a, func(ctx context.Context, tx *pg.Tx) error {
 				_, _, err := auth.Keys{}.Create(ctx, tx, c.keyName, c.scopes, c.expiresAt, c.createdBy)
 				return err
 			})

@@ -12,14 +12,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // Authenticator turns a request's credentials into a Principal. Its fields
 // are set once before use; then it is safe for concurrent use.
 type Authenticator struct {
 	// DB reaches PostgreSQL; only its App pool (composer_app) is used.
-	DB *tenants.DB
+	DB *pg.DB
 	// JWT verifies user tokens; nil rejects every JWT.
 	JWT *JWTVerifier
 	// Now is the clock API key expiry is checked against; nil is time.Now.
@@ -85,10 +85,10 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 		a.failed("api_key", err)
 		return Principal{}, err
 	}
-	if a.DB == nil || a.DB.App == nil {
+	if a.DB == nil {
 		return Principal{}, errs.E(errs.Unavailable, "authentication is unavailable")
 	}
-	rec, err := scanKeyRecord(a.DB.App.QueryRow(ctx, qKeyLookup, keyID))
+	rec, err := scanKeyRecord(a.DB.Unscoped().QueryRow(ctx, qKeyLookup, keyID))
 	if err != nil {
 		if errs.KindOf(err) != errs.Unauthenticated {
 			err = errs.Wrap(errs.Unavailable, err, "authentication is unavailable")
@@ -115,7 +115,7 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 		// The function re-checks the minute on the database clock, so
 		// concurrent requests write once; a failed stamp does not fail
 		// the request it records.
-		if _, err := a.DB.App.Exec(ctx, qKeyTouch, rec.tenant, keyID); err != nil {
+		if _, err := a.DB.Unscoped().Exec(ctx, qKeyTouch, rec.tenant, keyID); err != nil {
 			a.log().Warn("record api key use", zap.String("key_id", keyID), zap.Stringer("tenant_id", rec.tenant), zap.Error(err))
 		}
 	}
@@ -139,10 +139,10 @@ func (a *Authenticator) Token(ctx context.Context, token string) (Principal, err
 		a.failed("jwt", err)
 		return Principal{}, err
 	}
-	if a.DB == nil || a.DB.App == nil {
+	if a.DB == nil {
 		return Principal{}, errs.E(errs.Unavailable, "authentication is unavailable")
 	}
-	err = a.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *tenants.Tx) error {
+	err = a.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
 		m, err := Members{}.Get(ctx, tx, p.Subject)
 		if errs.KindOf(err) == errs.NotFound {
 			return errs.E(errs.Unauthenticated, "not a member of this tenant")

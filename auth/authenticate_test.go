@@ -20,7 +20,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // serve sends one request through the middleware and returns the response
@@ -81,7 +81,7 @@ func TestMiddlewareRejectsAttacks(t *testing.T) {
 
 	good, _ := f.key(t, f.a, []string{"runs:read"}, nil)
 	revoked, revokedKey := f.key(t, f.a, []string{"runs:read"}, nil)
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Keys{}.Revoke(ctx, tx, revokedKey.ID) })
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error { return auth.Keys{}.Revoke(ctx, tx, revokedKey.ID) })
 	inAnHour := time.Now().Add(time.Hour)
 	expiring, _ := f.key(t, f.a, []string{"runs:read"}, &inAnHour)
 	goodID, _, err := auth.ParseAPIKey(good)
@@ -196,7 +196,7 @@ func TestBadChecksumNeverTouchesDatabase(t *testing.T) {
 	closed, err := pgxpool.New(ctx, f.env.AppURL)
 	require.NoError(t, err)
 	closed.Close()
-	authn := &auth.Authenticator{DB: &tenants.DB{App: closed, System: closed}}
+	authn := &auth.Authenticator{DB: pg.New(closed, closed, false)}
 	good, _, _, err := auth.NewAPIKey()
 	require.NoError(t, err)
 
@@ -226,7 +226,7 @@ func TestAPIKeySecretNeverStoredLoggedOrEchoed(t *testing.T) {
 
 	var plaintext string
 	var key auth.Key
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		plaintext, key, err = auth.Keys{Logger: log}.Create(ctx, tx, "hygiene", []string{"admin"}, nil, "user-1")
 		return err
@@ -251,7 +251,7 @@ func TestAPIKeySecretNeverStoredLoggedOrEchoed(t *testing.T) {
 		rec, _ := serve(authn, "Bearer "+nm)
 		responses = append(responses, rec.Body.String())
 	}
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Keys{Logger: log}.Revoke(ctx, tx, key.ID) })
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error { return auth.Keys{Logger: log}.Revoke(ctx, tx, key.ID) })
 	_, err = authn.Authenticate(ctx, "Bearer "+plaintext)
 	require.Error(t, err)
 	failures = append(failures, err)
@@ -328,7 +328,7 @@ func TestAPIKeyLastUsedAtWrittenAtMostOncePerMinute(t *testing.T) {
 	plaintext, key := f.key(t, f.a, []string{"runs:read"}, nil)
 	lastUsed := func() *time.Time {
 		var keys []auth.Key
-		f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+		f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 			var err error
 			keys, err = auth.Keys{}.List(ctx, tx, 1000, nil)
 			return err
@@ -397,12 +397,12 @@ func TestKeyLookupIsNarrow(t *testing.T) {
 	assert.Zero(t, n, "the lookup exception is the owner's, not the app role's")
 	require.NoError(t, tx.Rollback(ctx))
 
-	err = f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	err = f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		var h []byte
 		return tx.QueryRow(ctx, `SELECT secret_hash FROM api_keys WHERE id = $1`, key.ID).Scan(&h)
 	})
 	assert.ErrorContains(t, err, "permission denied", "the app role never reads hashes directly")
-	err = f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	err = f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE api_keys SET scopes = '{admin}' WHERE id = $1`, key.ID)
 		return err
 	})

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 //go:embed rbac_model.conf
@@ -95,7 +95,7 @@ func NewAuthorizer() (*Authorizer, error) {
 // else a Forbidden error. It never allows acting in a tenant other than
 // the principal's. A user's role is read as of this transaction: a changed
 // or removed membership applies from the next request on, on every replica.
-func (a *Authorizer) Allowed(ctx context.Context, tx *tenants.Tx, p Principal, action Action) error {
+func (a *Authorizer) Allowed(ctx context.Context, tx *pg.Tx, p Principal, action Action) error {
 	scope, known := actionScope[action]
 	if !known {
 		return errs.E(errs.Forbidden, "unknown action %q", action)
@@ -129,7 +129,7 @@ func (a *Authorizer) Allowed(ctx context.Context, tx *tenants.Tx, p Principal, a
 // as new as the membership version this transaction reads. The common
 // case costs one primary-key read; a stale tenant is reloaded from
 // memberships, outside the enforcer's lock, and swapped in under it.
-func (a *Authorizer) refresh(ctx context.Context, tx *tenants.Tx) error {
+func (a *Authorizer) refresh(ctx context.Context, tx *pg.Tx) error {
 	var version int64
 	err := tx.QueryRow(ctx, qMembershipVersion, tx.Tenant).Scan(&version)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -209,7 +209,7 @@ func (policyAdapter) RemoveFilteredPolicy(string, string, int, ...string) error 
 
 // tenantRoles reads the tenant's membership version and its role
 // assignments as casbin grouping rules (user, role, tenant).
-func (policyAdapter) tenantRoles(ctx context.Context, tx *tenants.Tx) (int64, [][]string, error) {
+func (policyAdapter) tenantRoles(ctx context.Context, tx *pg.Tx) (int64, [][]string, error) {
 	rows, err := tx.Query(ctx, qTenantRoles, tx.Tenant)
 	if err != nil {
 		return 0, nil, fmt.Errorf("load roles: %w", err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // allowed reports whether az allows p the action in tenant's transaction,
@@ -20,7 +20,7 @@ import (
 func allowed(t *testing.T, f *fixture, az *auth.Authorizer, tenant uuid.UUID, p auth.Principal, action auth.Action) bool {
 	t.Helper()
 	var verdict error
-	f.in(t, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		verdict = az.Allowed(ctx, tx, p, action)
 		return nil
 	})
@@ -175,7 +175,7 @@ func TestMembershipChangeDeniesNextRequestOnEveryReplica(t *testing.T) {
 	_, err = authn.Authenticate(ctx, token(auth.RoleDeveloper))
 	require.NoError(t, err)
 
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := auth.Members{}.ChangeRole(ctx, tx, "dev", auth.RoleViewer)
 		return err
 	})
@@ -193,7 +193,7 @@ func TestMembershipChangeDeniesNextRequestOnEveryReplica(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, allowed(t, f, fresh, f.a, dev, auth.ActionRunsWrite))
 
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Members{}.Remove(ctx, tx, "dev") })
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error { return auth.Members{}.Remove(ctx, tx, "dev") })
 	for i, az := range append(replicas, fresh) {
 		for _, action := range auth.AllActions() {
 			assert.False(t, allowed(t, f, az, f.a, dev, action), "replica %d: removal denies %s", i, action)
@@ -219,7 +219,7 @@ func TestMembershipVersionTracksRoleChangesOnly(t *testing.T) {
 	ctx := context.Background()
 	version := func() int64 {
 		var v int64
-		f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+		f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 			return tx.QueryRow(ctx, `SELECT membership_version FROM tenants WHERE id = $1`, f.a).Scan(&v)
 		})
 		return v
@@ -227,21 +227,21 @@ func TestMembershipVersionTracksRoleChangesOnly(t *testing.T) {
 	v0 := version()
 	f.member(t, f.a, "x", auth.RoleViewer)
 	assert.Equal(t, v0+1, version(), "insert")
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE memberships SET email = 'x@example.test' WHERE subject = 'x'`)
 		return err
 	})
 	assert.Equal(t, v0+1, version(), "an email change does not affect authorization")
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := auth.Members{}.ChangeRole(ctx, tx, "x", auth.RoleAdmin)
 		return err
 	})
 	assert.Equal(t, v0+2, version(), "role change")
-	f.in(t, f.a, func(ctx context.Context, tx *tenants.Tx) error { return auth.Members{}.Remove(ctx, tx, "x") })
+	f.in(t, f.a, func(ctx context.Context, tx *pg.Tx) error { return auth.Members{}.Remove(ctx, tx, "x") })
 	assert.Equal(t, v0+3, version(), "removal")
 
 	// The app role cannot write the version itself.
-	err := f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *tenants.Tx) error {
+	err := f.db.WithTenant(ctx, f.a, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE tenants SET membership_version = 0`)
 		return err
 	})

@@ -13,7 +13,7 @@
 //
 //	// in a resolver:
 //	p, _ := auth.FromContext(ctx)
-//	err := db.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *tenants.Tx) error {
+//	err := db.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
 //		if err := authz.Allowed(ctx, tx, p, auth.ActionRunsWrite); err != nil {
 //			return err // errs.Forbidden
 //		}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -109,14 +110,14 @@ func sign(t *testing.T, method jwt.SigningMethod, key any, kid string, c auth.Cl
 // fixture is a migrated database with two tenants.
 type fixture struct {
 	env  *testenv.Env
-	db   *tenants.DB
+	db   *pg.DB
 	a, b uuid.UUID
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	f := &fixture{env: env, db: db}
 	f.a = f.tenant(t, "a")
 	f.b = f.tenant(t, "b")
@@ -125,20 +126,20 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) tenant(t *testing.T, name string) uuid.UUID {
 	t.Helper()
-	tn, err := f.db.Create(context.Background(), tenants.CreateParams{Name: name})
+	tn, err := tenants.Create(context.Background(), f.db, tenants.CreateParams{Name: name})
 	require.NoError(t, err)
 	return tn.ID
 }
 
 // in runs fn in a transaction of tenant and requires it to succeed.
-func (f *fixture) in(t *testing.T, tenant uuid.UUID, fn func(ctx context.Context, tx *tenants.Tx) error) {
+func (f *fixture) in(t *testing.T, tenant uuid.UUID, fn func(ctx context.Context, tx *pg.Tx) error) {
 	t.Helper()
 	require.NoError(t, f.db.WithTenant(context.Background(), tenant, fn))
 }
 
 func (f *fixture) member(t *testing.T, tenant uuid.UUID, subject string, role auth.Role) {
 	t.Helper()
-	f.in(t, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := auth.Members{}.Add(ctx, tx, subject, role, "")
 		return err
 	})
@@ -148,7 +149,7 @@ func (f *fixture) key(t *testing.T, tenant uuid.UUID, scopes []string, expiresAt
 	t.Helper()
 	var plaintext string
 	var key auth.Key
-	f.in(t, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.in(t, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		plaintext, key, err = auth.Keys{}.Create(ctx, tx, "ci", scopes, expiresAt, "user-1")
 		return err

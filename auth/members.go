@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // Member is a subject's membership in a tenant.
@@ -53,7 +53,7 @@ func checkRole(r Role) error {
 }
 
 // Add makes subject a member of the transaction's tenant.
-func (Members) Add(ctx context.Context, tx *tenants.Tx, subject string, role Role, email string) (Member, error) {
+func (Members) Add(ctx context.Context, tx *pg.Tx, subject string, role Role, email string) (Member, error) {
 	if err := checkSubject(subject); err != nil {
 		return Member{}, err
 	}
@@ -78,7 +78,7 @@ func (Members) Add(ctx context.Context, tx *tenants.Tx, subject string, role Rol
 }
 
 // Get returns subject's membership, or NotFound.
-func (Members) Get(ctx context.Context, tx *tenants.Tx, subject string) (Member, error) {
+func (Members) Get(ctx context.Context, tx *pg.Tx, subject string) (Member, error) {
 	m, err := scanMember(tx.QueryRow(ctx, qMemberGet, tx.Tenant, subject))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Member{}, errs.E(errs.NotFound, "member %s not found", subject)
@@ -90,7 +90,7 @@ func (Members) Get(ctx context.Context, tx *tenants.Tx, subject string) (Member,
 }
 
 // List returns the tenant's members by subject.
-func (Members) List(ctx context.Context, tx *tenants.Tx) ([]Member, error) {
+func (Members) List(ctx context.Context, tx *pg.Tx) ([]Member, error) {
 	rows, err := tx.Query(ctx, qMemberList, tx.Tenant)
 	if err != nil {
 		return nil, fmt.Errorf("list members: %w", err)
@@ -104,7 +104,7 @@ func (Members) List(ctx context.Context, tx *tenants.Tx) ([]Member, error) {
 
 // ChangeRole sets subject's role. Demoting the last owner is a Conflict:
 // a tenant always keeps someone who can manage it.
-func (ms Members) ChangeRole(ctx context.Context, tx *tenants.Tx, subject string, role Role) (Member, error) {
+func (ms Members) ChangeRole(ctx context.Context, tx *pg.Tx, subject string, role Role) (Member, error) {
 	if err := checkRole(role); err != nil {
 		return Member{}, err
 	}
@@ -124,7 +124,7 @@ func (ms Members) ChangeRole(ctx context.Context, tx *tenants.Tx, subject string
 }
 
 // Remove ends subject's membership. Removing the last owner is a Conflict.
-func (ms Members) Remove(ctx context.Context, tx *tenants.Tx, subject string) error {
+func (ms Members) Remove(ctx context.Context, tx *pg.Tx, subject string) error {
 	if err := ms.keepAnOwner(ctx, tx, subject, "remove"); err != nil {
 		return err
 	}
@@ -141,7 +141,7 @@ func (ms Members) Remove(ctx context.Context, tx *tenants.Tx, subject string) er
 // keepAnOwner fails when subject is the only owner. It locks the owner
 // rows, so concurrent demotions of two different owners cannot both see
 // the other one still there.
-func (Members) keepAnOwner(ctx context.Context, tx *tenants.Tx, subject, verb string) error {
+func (Members) keepAnOwner(ctx context.Context, tx *pg.Tx, subject, verb string) error {
 	rows, err := tx.Query(ctx, qOwnersLock, tx.Tenant)
 	if err != nil {
 		return fmt.Errorf("lock owners: %w", err)

@@ -1,7 +1,7 @@
 package auth
 
 // Every query of the package, named. Tenant-scoped ones run in a
-// tenants.Tx and repeat the tenant in their WHERE clause so the primary
+// pg.Tx and repeat the tenant in their WHERE clause so the primary
 // key serves them; the policy would hide other tenants' rows anyway.
 const (
 	qKeyInsert = `INSERT INTO api_keys (tenant_id, id, key_id, name, scopes, secret_hash, created_by, expires_at)

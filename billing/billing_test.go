@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -22,6 +21,7 @@ import (
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/sdk/worker"
 	"github.com/composer-dev/composer/tenants"
@@ -44,7 +44,7 @@ func seed(t *testing.T, env *testenv.Env, rows ...row) {
 }
 
 // totals reads a key → quantity map.
-func totals(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) map[string]int64 {
+func totals(t *testing.T, pool pg.Querier, sql string, args ...any) map[string]int64 {
 	rows, err := pool.Query(context.Background(), sql, args...)
 	require.NoError(t, err)
 	out := map[string]int64{}
@@ -81,10 +81,10 @@ func TestRollupIsIdempotentAndSafeOnManyReplicas(t *testing.T) {
 	var tz string
 	require.NoError(t, env.System.QueryRow(ctx, `SHOW timezone`).Scan(&tz))
 	require.Equal(t, "Asia/Kolkata", tz)
-	db := &tenants.DB{App: env.App, System: env.System}
-	a, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	db := pg.New(env.App, env.System, false)
+	a, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
-	b, err := db.Create(ctx, tenants.CreateParams{Name: "b"})
+	b, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "b"})
 	require.NoError(t, err)
 	now := time.Now().UTC()
 	h0 := now.Truncate(time.Hour)
@@ -145,9 +145,9 @@ func TestRollupIsIdempotentAndSafeOnManyReplicas(t *testing.T) {
 func TestRetentionKeepsWhatWasNotExported(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	a, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	a, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
 	old := time.Now().Add(-48 * time.Hour)
 	for _, state := range []string{"none", "sent", "pending", "dead"} {
@@ -187,11 +187,11 @@ func TestMetersAreWrittenWithTheTransitionAndOnlyOnce(t *testing.T) {
 	got, tasks := sys.WaitRun(run, 30*time.Second)
 	require.Equal(t, "completed", got.Status)
 	count := func() map[string]int64 {
-		return totals(t, sys.Deps.DB.System, `SELECT meter, count(*) FROM usage_records WHERE tenant_id = $1 GROUP BY meter`, sys.Tenant)
+		return totals(t, sys.Deps.DB.System(), `SELECT meter, count(*) FROM usage_records WHERE tenant_id = $1 GROUP BY meter`, sys.Tenant)
 	}
 	assert.Equal(t, map[string]int64{billing.RunsStarted: 1, billing.StepsExecuted: 2, billing.StepSeconds: 2}, count())
 	var ms int64
-	require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT quantity FROM usage_records WHERE tenant_id = $1 AND key = $2`,
+	require.NoError(t, sys.Deps.DB.System().QueryRow(ctx, `SELECT quantity FROM usage_records WHERE tenant_id = $1 AND key = $2`,
 		sys.Tenant, "step_seconds:"+tasks["a"].ID.String()+":1").Scan(&ms))
 	assert.GreaterOrEqual(t, ms, int64(20), "the attempt's execution time (the handler sleeps 20 ms)")
 
@@ -219,7 +219,7 @@ func TestCapsRefuseNewRunsUntilThePlanChanges(t *testing.T) {
 		INSERT INTO plan_prices (plan, meter, included, unit_price_micros, hard_cap) VALUES
 		  ('capped', 'runs_started', 2, 0, 2), ('metered', 'runs_started', 0, 1000000, NULL)`)
 	require.NoError(t, err)
-	require.NoError(t, sys.Deps.DB.Update(ctx, sys.Tenant, tenants.UpdateParams{Plan: "capped"}))
+	require.NoError(t, tenants.Update(ctx, sys.Deps.DB, sys.Tenant, tenants.UpdateParams{Plan: "capped"}))
 	tok := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
 	wf := sys.Workflow(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go"}}]}`)
 	start := func() apptest.GQLResponse {
@@ -235,7 +235,7 @@ func TestCapsRefuseNewRunsUntilThePlanChanges(t *testing.T) {
 	require.NoError(t, err)
 
 	runs := func() (n int) {
-		require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, sys.Tenant).Scan(&n))
+		require.NoError(t, sys.Deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, sys.Tenant).Scan(&n))
 		return n
 	}
 	res := start()
@@ -266,7 +266,7 @@ func TestCapsRefuseNewRunsUntilThePlanChanges(t *testing.T) {
 	assert.Equal(t, []string{billing.RunsStarted}, inv.InvoicePreview.CapsReached)
 
 	// A plan change admits starts again.
-	require.NoError(t, sys.Deps.DB.Update(ctx, sys.Tenant, tenants.UpdateParams{Plan: "metered", Limits: &tenants.Limits{SpendCapCents: 250}}))
+	require.NoError(t, tenants.Update(ctx, sys.Deps.DB, sys.Tenant, tenants.UpdateParams{Plan: "metered", Limits: &tenants.Limits{SpendCapCents: 250}}))
 	require.Empty(t, start().Errors, "admitted on the new plan")
 	_, err = rollup.Pass(ctx)
 	require.NoError(t, err)
@@ -283,13 +283,13 @@ func TestCapsRefuseNewRunsUntilThePlanChanges(t *testing.T) {
 func TestExportDeliversEachRecordOnceAndRetries(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	tn, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
 	m := billing.Meter{Export: true}
 	for i := range 7 {
-		require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *tenants.Tx) error {
+		require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *pg.Tx) error {
 			return m.Record(ctx, tx, tn.ID, billing.RunsStarted, uuid.NewString(), int64(i+1))
 		}))
 	}
@@ -353,7 +353,7 @@ func TestExportDeliversEachRecordOnceAndRetries(t *testing.T) {
 	}
 
 	// A refused batch is dead at once, with the reason.
-	require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *tenants.Tx) error {
+	require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *pg.Tx) error {
 		return m.Record(ctx, tx, tn.ID, billing.RunsStarted, "refused", 1)
 	}))
 	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadRequest) }))

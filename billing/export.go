@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/lifecycle"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // Exporter sends usage records to a billing endpoint. usage_records is the
@@ -35,7 +35,7 @@ import (
 // failures, moves the records to 'dead' with the reason (they stay in
 // usage_records for an operator to requeue).
 type Exporter struct {
-	DB     *tenants.DB
+	DB     *pg.DB
 	URL    string
 	Token  string
 	Client *http.Client
@@ -114,7 +114,7 @@ func (e *Exporter) Pass(ctx context.Context) (int, error) {
 	e.defaults()
 	var batch []claimed
 	var events []Event
-	err := e.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+	err := e.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		batch, events = nil, nil
 		rows, err := tx.Query(ctx, `WITH c AS (
 				SELECT tenant_id, key FROM usage_records
@@ -148,7 +148,7 @@ func (e *Exporter) Pass(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	retry, reason := e.send(ctx, events)
-	err = e.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+	err = e.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		for _, c := range batch {
 			var err error
 			switch {

@@ -65,7 +65,7 @@ const insertAttempt = `INSERT INTO usage_records (tenant_id, key, meter, quantit
 	       ($1, $3, 'step_seconds', $5, $4, CASE WHEN $4 = 'pending' THEN now() END)
 	ON CONFLICT (tenant_id, key) DO NOTHING`
 
-// Execer runs one statement (a pgx.Tx, a tenants.Tx, a pool).
+// Execer runs one statement (a pgx.Tx, a pg.Tx, a pool).
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }

@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // Rollup rolls raw usage into hourly and daily totals and drops raw rows
@@ -16,7 +16,7 @@ import (
 // from the raw rows (it sets them, never adds), so a pass repeated, or
 // run on two replicas, leaves the same totals.
 type Rollup struct {
-	DB       *tenants.DB
+	DB       *pg.DB
 	Log      *zap.Logger
 	Interval time.Duration
 	// Retention is how long raw rows are kept after their hour was rolled
@@ -62,7 +62,7 @@ type PassStats struct {
 // Pass runs one rollup.
 func (r *Rollup) Pass(ctx context.Context) (PassStats, error) {
 	var st PassStats
-	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		var through time.Time
 		if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1 FOR UPDATE`).Scan(&through); err != nil {
 			return fmt.Errorf("rollup state: %w", err)

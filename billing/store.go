@@ -12,13 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // Preview prices the period's usage so far, reading the tenant's plan,
 // prices, spend cap and daily usage totals in one round trip. asOf is
 // the instant the totals are complete up to (the last rollup).
-func Preview(ctx context.Context, tx *tenants.Tx, period Period) (inv Invoice, asOf time.Time, err error) {
+func Preview(ctx context.Context, tx *pg.Tx, period Period) (inv Invoice, asOf time.Time, err error) {
 	var plan Plan
 	var spendCap int64
 	usage := map[string]int64{}
@@ -62,7 +62,7 @@ func Preview(ctx context.Context, tx *tenants.Tx, period Period) (inv Invoice, a
 // hard cap of its plan or its spend cap (QUOTA_EXCEEDED). Usage is as of
 // the last rollup (returned), so a cap may be overrun by what one rollup
 // interval adds; runs already started always finish.
-func checkCaps(ctx context.Context, tx *tenants.Tx, now time.Time) (time.Time, error) {
+func checkCaps(ctx context.Context, tx *pg.Tx, now time.Time) (time.Time, error) {
 	inv, asOf, err := Preview(ctx, tx, PeriodOf(now))
 	if err != nil {
 		return time.Time{}, err
@@ -106,7 +106,7 @@ type capPass struct {
 
 // Check refuses a new run at a cap (see checkCaps), skipping the check
 // while a pass is remembered.
-func (c *CapCache) Check(ctx context.Context, tx *tenants.Tx, now time.Time) error {
+func (c *CapCache) Check(ctx context.Context, tx *pg.Tx, now time.Time) error {
 	var through time.Time
 	if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1`).Scan(&through); err != nil {
 		return fmt.Errorf("rollup state: %w", err)

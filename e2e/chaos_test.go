@@ -24,6 +24,7 @@ import (
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -187,8 +188,8 @@ func TestChaos(t *testing.T) {
 		})
 	}
 
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "chaos", StreamShards: 4})
+	db := pg.New(env.App, env.System, false)
+	tn, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "chaos", StreamShards: 4})
 	require.NoError(t, err)
 	coord := engine.NewCoordinator(db, engine.Options{Hooks: []engine.TxHook{billing.Meter{}.Hook}})
 	step := func(id string, deps ...string) string {

@@ -173,7 +173,7 @@ func TestRedisFlushedStillFinishes(t *testing.T) {
 	ctx := context.Background()
 	apptest.Eventually(t, "the first steps to be published", 10*time.Second, func() bool {
 		var n int
-		require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+		require.NoError(t, sys.Deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
 		return n == 0
 	})
 	require.NoError(t, env.Redis.FlushAll(ctx).Err(), "every message and consumer group is gone")
@@ -183,7 +183,7 @@ func TestRedisFlushedStillFinishes(t *testing.T) {
 		assert.Equal(t, "completed", run.Status)
 	}
 	var redispatched int
-	require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM run_events WHERE kind = 'redispatched'`).Scan(&redispatched))
+	require.NoError(t, sys.Deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM run_events WHERE kind = 'redispatched'`).Scan(&redispatched))
 	assert.GreaterOrEqual(t, redispatched, 20, "the sweep re-dispatched the lost first steps")
 }
 
@@ -259,7 +259,7 @@ func TestTimersSurviveTheProcessThatScheduledThem(t *testing.T) {
 	sys := apptest.StartWith(t, env)
 	sys.StartWorker(apptest.WorkerOptions{})
 	var demo uuid.UUID
-	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT id FROM tenants WHERE name = 'demo'`).Scan(&demo))
+	require.NoError(t, sys.Deps.DB.System().QueryRow(context.Background(), `SELECT id FROM tenants WHERE name = 'demo'`).Scan(&demo))
 	ack, err := sys.Coordinator().SignalRun(context.Background(), demo, id, engine.Signal{Name: "approval", Payload: json.RawMessage(`{"approved": true}`)})
 	require.NoError(t, err)
 	require.False(t, ack.Ignored, ack.Reason)

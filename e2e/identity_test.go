@@ -17,6 +17,7 @@ import (
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/sdk/worker"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -34,7 +35,7 @@ func TestTenantWorkersUseScopedAPIKeys(t *testing.T) {
 	require.NoError(t, err)
 	keyOf := func(tenant tenants.Tenant, scopes ...string) string {
 		var plain string
-		require.NoError(t, sys.Deps.DB.WithTenant(ctx, tenant.ID, func(ctx context.Context, tx *tenants.Tx) error {
+		require.NoError(t, sys.Deps.DB.WithTenant(ctx, tenant.ID, func(ctx context.Context, tx *pg.Tx) error {
 			var err error
 			plain, _, err = auth.Keys{}.Create(ctx, tx, "worker", scopes, nil, "test")
 			return err

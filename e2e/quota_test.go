@@ -27,7 +27,7 @@ import (
 )
 
 func setLimits(t *testing.T, sys *apptest.System, tenant uuid.UUID, l tenants.Limits) {
-	require.NoError(t, sys.Deps.DB.Update(context.Background(), tenant, tenants.UpdateParams{Limits: &l}))
+	require.NoError(t, tenants.Update(context.Background(), sys.Deps.DB, tenant, tenants.UpdateParams{Limits: &l}))
 }
 
 // runningNow counts the tenant's tasks holding a live lease: what the quota
@@ -36,7 +36,7 @@ func setLimits(t *testing.T, sys *apptest.System, tenant uuid.UUID, l tenants.Li
 // the task will run again elsewhere.)
 func runningNow(t *testing.T, sys *apptest.System, tenant uuid.UUID) int {
 	var n int
-	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(),
+	require.NoError(t, sys.Deps.DB.System().QueryRow(context.Background(),
 		`SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'running' AND lease_expires_at > now()`, tenant).Scan(&n))
 	return n
 }
@@ -202,7 +202,7 @@ func TestStartsAreRateLimitedAndRejectionsWriteNothing(t *testing.T) {
 	assert.Equal(t, 7, limited)
 	assert.GreaterOrEqual(t, retryAfter, 1.0, "a retry-after hint")
 	var runs int
-	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, sys.Tenant).Scan(&runs))
+	require.NoError(t, sys.Deps.DB.System().QueryRow(context.Background(), `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, sys.Tenant).Scan(&runs))
 	assert.Equal(t, 3, runs, "rejected starts wrote nothing")
 }
 
@@ -225,7 +225,7 @@ func TestQueuedLimitRefusesStarts(t *testing.T) {
 	assert.Equal(t, []string{"QUOTA_EXCEEDED"}, res.Codes())
 	assert.Empty(t, start("a").Errors, "a repeat of an admitted start still returns its run")
 	var runs, keys int
-	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM workflow_runs WHERE tenant_id = $1),
+	require.NoError(t, sys.Deps.DB.System().QueryRow(context.Background(), `SELECT (SELECT count(*) FROM workflow_runs WHERE tenant_id = $1),
 		(SELECT count(*) FROM run_idempotency_keys WHERE tenant_id = $1)`, sys.Tenant).Scan(&runs, &keys))
 	assert.Equal(t, 2, runs)
 	assert.Equal(t, 2, keys, "the refused start claimed no key")
@@ -247,9 +247,9 @@ func TestWorkersShareByWeight(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	light, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "light", Plan: "pro"})
+	light, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "light", Plan: "pro"})
 	require.NoError(t, err)
-	heavy, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "heavy", Plan: "pro"})
+	heavy, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "heavy", Plan: "pro"})
 	require.NoError(t, err)
 	setLimits(t, sys, light.ID, tenants.Limits{Weight: 1})
 	setLimits(t, sys, heavy.ID, tenants.Limits{Weight: 4})
@@ -272,7 +272,7 @@ func TestWorkersShareByWeight(t *testing.T) {
 	// Let both backlogs reach the streams before the worker starts.
 	apptest.Eventually(t, "both backlogs to be published", 20*time.Second, func() bool {
 		var n int
-		require.NoError(t, sys.Deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
+		require.NoError(t, sys.Deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n))
 		return n == 0
 	})
 	sys.StartWorker(apptest.WorkerOptions{Noop: h, Config: func(c *workers.Config) { c.Concurrency = 4 }})
@@ -318,7 +318,7 @@ func TestRerunsAreAdmittedLikeStarts(t *testing.T) {
 		assert.Equal(t, []string{"QUOTA_EXCEEDED"}, res.Codes(), "a %s rerun over the queued limit", mode)
 	}
 	var runs, pending int
-	require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM workflow_runs WHERE tenant_id = $1),
+	require.NoError(t, sys.Deps.DB.System().QueryRow(context.Background(), `SELECT (SELECT count(*) FROM workflow_runs WHERE tenant_id = $1),
 		(SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'pending')`, sys.Tenant).Scan(&runs, &pending))
 	assert.Equal(t, 3, runs, "the refused reruns wrote nothing")
 	assert.Equal(t, 1, pending)

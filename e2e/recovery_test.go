@@ -21,6 +21,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -147,7 +148,7 @@ func TestStoresRestartedUnderLoadRecoverWithinALeaseTTL(t *testing.T) {
 	t.Parallel()
 	bin := apptest.Binary(t)
 	sdkBin := apptest.Build(t, "./e2e/sdkworker")
-	env, pg, rs := testenv.WithPrivateServices(t)
+	env, pgServer, rs := testenv.WithPrivateServices(t)
 	ctx := context.Background()
 
 	// The sink answers the HTTP steps; slowed down, it makes a backlog
@@ -191,12 +192,12 @@ func TestStoresRestartedUnderLoadRecoverWithinALeaseTTL(t *testing.T) {
 	})
 	worker.start(t, bin)
 
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "recovery", Plan: "pro"})
+	db := pg.New(env.App, env.System, false)
+	tn, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "recovery", Plan: "pro"})
 	require.NoError(t, err)
 	keyOf := func(scopes ...string) string {
 		var plain string
-		require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *tenants.Tx) error {
+		require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *pg.Tx) error {
 			var err error
 			plain, _, err = auth.Keys{}.Create(ctx, tx, "recovery", scopes, nil, "test")
 			return err
@@ -288,7 +289,7 @@ func TestStoresRestartedUnderLoadRecoverWithinALeaseTTL(t *testing.T) {
 	}
 
 	phase("PostgreSQL restart -m immediate", func() time.Time {
-		pg.RestartImmediate()
+		pgServer.RestartImmediate()
 		return time.Now()
 	})
 	delay.Store(int64(400 * time.Millisecond)) // more HTTP work than the worker's slots: a backlog waits in the streams

@@ -91,7 +91,7 @@ func uuidOf(t *testing.T, s string) uuid.UUID {
 // leaseOwner is who holds the lease of a run's node, if anyone.
 func leaseOwner(t *testing.T, sys *apptest.System, run, node string) string {
 	var owner *string
-	err := sys.Deps.DB.System.QueryRow(context.Background(), `SELECT lease_owner FROM task_instances
+	err := sys.Deps.DB.System().QueryRow(context.Background(), `SELECT lease_owner FROM task_instances
 		WHERE tenant_id = $1 AND run_id = $2 AND node_id = $3 AND state = 'running'`, sys.Tenant, run, node).Scan(&owner)
 	if err != nil || owner == nil {
 		return ""
@@ -119,7 +119,7 @@ func TestSDKWorkerBinaryRunsAMixedWorkflow(t *testing.T) {
 	defer sink.Close()
 
 	// Tenant B queues a charge first: A's worker must never see it.
-	other, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "other", Plan: "pro"})
+	other, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "other", Plan: "pro"})
 	require.NoError(t, err)
 	owf, _, err := sys.Coordinator().CreateWorkflow(ctx, other.ID, "theirs", "", []byte(`{"nodes":[{"id":"c","type":"task","task":{"handler":"charge"},"input":{"id":"'b'","amount":"1"}}]}`))
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
@@ -71,7 +72,7 @@ func TestWebhooksThroughTheAPI(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	other, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "other", Plan: "pro", StreamShards: 1})
+	other, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "other", Plan: "pro", StreamShards: 1})
 	require.NoError(t, err)
 	owner, otherOwner := sys.Token(sys.Tenant, "owner@a", auth.RoleOwner), sys.Token(other.ID, "owner@b", auth.RoleOwner)
 	viewer := sys.Token(sys.Tenant, "viewer@a", auth.RoleViewer)
@@ -255,7 +256,7 @@ func TestWebhookRelayKilledMidDelivery(t *testing.T) {
 		}
 	}
 	var secret string
-	require.NoError(t, sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	require.NoError(t, sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, secret, err = svc.Create(ctx, tx, webhooks.CreateParams{URL: sink.srv.URL, EventTypes: webhooks.EventTypes, CreatedBy: "t"})
 		return err
 	}))

@@ -22,6 +22,7 @@ import (
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/jsoncheck"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -47,7 +48,7 @@ type Options struct {
 	// Admit, when set, decides in a new run's transaction, before anything
 	// is written, whether the tenant may start it (quotas, spend caps); its
 	// error is returned as is and nothing is written.
-	Admit func(ctx context.Context, tx *tenants.Tx) error
+	Admit func(ctx context.Context, tx *pg.Tx) error
 	// Slots, when set, enforces each tenant's running-task quota when leases
 	// are granted (see SlotGate); without it there is no such quota.
 	Slots SlotGate
@@ -131,7 +132,7 @@ type Transition struct {
 // immutable definitions: any number of replicas may run against one
 // database. It is safe for concurrent use.
 type Coordinator struct {
-	db     *tenants.DB
+	db     *pg.DB
 	log    *zap.Logger
 	defs   *defCache
 	opts   Options
@@ -141,7 +142,7 @@ type Coordinator struct {
 }
 
 // NewCoordinator returns a coordinator over db.
-func NewCoordinator(db *tenants.DB, o Options) *Coordinator {
+func NewCoordinator(db *pg.DB, o Options) *Coordinator {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -203,7 +204,7 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 	}
 	var out Started
 	var tr sm.Transition
-	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		out, tr = Started{}, sm.Transition{}
 		if err := gate(ctx, tx); err != nil {
 			return err
@@ -314,7 +315,7 @@ func tooLarge(tr sm.Transition) error {
 // existingRun reads the run an idempotency key already names into out; it
 // reports false when the key is free, and Conflict when it was used with
 // other parameters.
-func existingRun(ctx context.Context, tx *tenants.Tx, key string, hash []byte, out *Started) (bool, error) {
+func existingRun(ctx context.Context, tx *pg.Tx, key string, hash []byte, out *Started) (bool, error) {
 	var id uuid.UUID
 	var have []byte
 	var status string
@@ -351,7 +352,7 @@ func normalizeInput(in json.RawMessage) (json.RawMessage, error) {
 	return in, nil
 }
 
-func resolveWorkflow(ctx context.Context, tx *tenants.Tx, req StartRun) (uuid.UUID, int, error) {
+func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, int, error) {
 	var id uuid.UUID
 	var latest int
 	var err error
@@ -489,7 +490,7 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 	}
 	ev := sm.NodeCompleted{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Output: r.Output}
 	ack, err := c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, eager: r.Eager},
-		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+		func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 	if err == nil && ack.Ignored && r.Eager != nil {
 		// A repeated report (its first answer was lost) gets the eager lease
 		// the first one was given, so that task runs now instead of waiting
@@ -509,7 +510,7 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 // one is the sweep's: it may be failing it right now.)
 func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report) (*Lease, error) {
 	var next *Lease
-	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		next = nil
 		l := Lease{RunID: r.RunID, Attempt: 1, Acquired: true}
 		var input, config []byte
@@ -549,7 +550,7 @@ func (c *Coordinator) FailTask(ctx context.Context, tenant uuid.UUID, r Report) 
 	}
 	ev := sm.NodeFailed{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Error: r.Error, Retryable: r.Retryable, RetryAfter: r.RetryAfter}
 	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, pendingOnly: r.Unleased},
-		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+		func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 }
 
 // ExpiredLease names a running attempt whose lease the sweep found expired.
@@ -569,7 +570,7 @@ type ExpiredLease struct {
 func (c *Coordinator) ExpireLease(ctx context.Context, tenant uuid.UUID, l ExpiredLease) (Ack, error) {
 	ev := sm.LeaseExpired{NodeID: l.NodeID, TaskID: l.TaskID.String(), Attempt: l.Attempt}
 	return c.apply(ctx, tenant, l.RunID, eventRef{node: l.NodeID, task: l.TaskID, attempt: l.Attempt, expiredOnly: true},
-		func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+		func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 }
 
 // CancelRun cancels a run: pending tasks are cancelled, running ones lose
@@ -578,7 +579,7 @@ func (c *Coordinator) CancelRun(ctx context.Context, tenant, runID uuid.UUID, re
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) {
 		return sm.CancelRequested{Reason: reason}, nil
 	})
 }
@@ -606,7 +607,7 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 	if len(payload) > MaxSignalBytes {
 		return Ack{}, errs.E(errs.Invalid, "a signal payload may be at most %d bytes", MaxSignalBytes)
 	}
-	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
 		var dup bool
 		var stored int
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
@@ -631,7 +632,7 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 // RerunRun re-runs a failed or cancelled run from the nodes that did not
 // finish; finished nodes keep their outputs.
 func (c *Coordinator) RerunRun(ctx context.Context, tenant, runID uuid.UUID) (Ack, error) {
-	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
 		// A rerun creates work as a start does: the same admission (queued
 		// limit, caps) in its transaction, before anything is written.
 		if c.opts.Admit != nil {
@@ -647,7 +648,7 @@ func (c *Coordinator) RerunRun(ctx context.Context, tenant, runID uuid.UUID) (Ac
 // transaction whether or not the state machine still cares, so a moot
 // timer fires once and is gone; a timer already fired is ignored.
 func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, timerID int64) (Ack, error) {
-	return c.apply(ctx, tenant, runID, eventRef{commitIgnored: true}, func(ctx context.Context, tx *tenants.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{commitIgnored: true}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
 		var kind, node string
 		var task *uuid.UUID
 		var attempt *int
@@ -677,12 +678,12 @@ type gateKey struct{}
 // the event (or start) made with ctx: an API's authorization is then
 // decided in the same transaction as the change it allows, and a refusal
 // writes nothing.
-func WithGate(ctx context.Context, check func(context.Context, *tenants.Tx) error) context.Context {
+func WithGate(ctx context.Context, check func(context.Context, *pg.Tx) error) context.Context {
 	return context.WithValue(ctx, gateKey{}, check)
 }
 
-func gate(ctx context.Context, tx *tenants.Tx) error {
-	if check, _ := ctx.Value(gateKey{}).(func(context.Context, *tenants.Tx) error); check != nil {
+func gate(ctx context.Context, tx *pg.Tx) error {
+	if check, _ := ctx.Value(gateKey{}).(func(context.Context, *pg.Tx) error); check != nil {
 		return check(ctx, tx)
 	}
 	return nil
@@ -710,7 +711,7 @@ func readBackOf(ctx context.Context) *RunView {
 // readBack reads the run into the caller's read-back target, in a
 // transaction still open (one the persister commits reads it in its
 // commit's batch instead).
-func readBack(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) error {
+func readBack(ctx context.Context, tx *pg.Tx, runID uuid.UUID) error {
 	v := readBackOf(ctx)
 	if v == nil {
 		return nil
@@ -752,9 +753,9 @@ type eventRef struct {
 // apply is the one path every event of an existing run takes: lock the
 // run, load it, decide, persist, commit.
 func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref eventRef,
-	prepare func(context.Context, *tenants.Tx, *sm.Run) (sm.Event, error)) (Ack, error) {
+	prepare func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error)) (Ack, error) {
 	var ack Ack
-	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		ack = Ack{}
 		if err := gate(ctx, tx); err != nil {
 			return err
@@ -826,7 +827,7 @@ type runRow struct {
 // transaction's BEGIN and tenant setting).
 // The lock is an UPDATE (FOR NO KEY UPDATE), which serialises events of one
 // run without blocking the foreign-key checks of task and event inserts.
-func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.Run, error) {
+func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, error) {
 	b := &pgx.Batch{}
 	var row runRow
 	var status string
@@ -871,7 +872,7 @@ func loadRun(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) (runRow, *sm.
 }
 
 // loadSignals reads the run's signals no wait node has consumed yet.
-func loadSignals(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) ([]sm.Signal, error) {
+func loadSignals(ctx context.Context, tx *pg.Tx, runID uuid.UUID) ([]sm.Signal, error) {
 	rows, err := tx.Query(ctx, `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`, tx.Tenant, runID)
 	if err != nil {
@@ -892,7 +893,7 @@ func loadSignals(ctx context.Context, tx *tenants.Tx, runID uuid.UUID) ([]sm.Sig
 }
 
 // afterCommit registers what happens once the transition is durable.
-func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, p *persister, ref eventRef) {
+func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, p *persister, ref eventRef) {
 	tenant := tx.Tenant
 	dispatched, fresh, next := p.dispatched, p.fresh, p.next
 	tx.AfterCommit(func() {
@@ -951,7 +952,7 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *tenants.Tx, runID uui
 // input as runID; the new run records what it repeats.
 func (c *Coordinator) RerunAsNew(ctx context.Context, tenant, runID uuid.UUID) (Started, error) {
 	var old RunView
-	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		if err := gate(ctx, tx); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -286,7 +287,7 @@ func TestTenantsCannotTouchEachOthersRuns(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	run := f.start(f.workflow(forkJoinDef), `{}`)
-	other, err := f.db.Create(ctx, tenantsParams("other"))
+	other, err := tenants.Create(ctx, f.db, tenantsParams("other"))
 	require.NoError(t, err)
 	a := f.mustTask(run, "a")
 	_, err = f.c.CompleteTask(ctx, other.ID, Report{RunID: run, TaskID: a.ID, NodeID: "a", Attempt: 1})
@@ -308,7 +309,7 @@ func TestReadBackIsTheCommittedRun(t *testing.T) {
 	wf := f.workflow(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go"}},{"id":"n","type":"noop","depends_on":["w"]}]}`)
 	committed := func(id uuid.UUID) RunView {
 		var v RunView
-		require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *pg.Tx) error {
 			var err error
 			v, err = GetRun(ctx, tx, id)
 			return err

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sm "github.com/composer-dev/composer/engine/statemachine"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -19,7 +20,7 @@ import (
 type fixture struct {
 	t      testing.TB
 	env    *testenv.Env
-	db     *tenants.DB
+	db     *pg.DB
 	c      *Coordinator
 	tenant uuid.UUID
 }
@@ -27,8 +28,8 @@ type fixture struct {
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(context.Background(), tenants.CreateParams{Name: "acme"})
+	db := pg.New(env.App, env.System, false)
+	tn, err := tenants.Create(context.Background(), db, tenants.CreateParams{Name: "acme"})
 	require.NoError(t, err)
 	return &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{}), tenant: tn.ID}
 }
@@ -38,10 +39,10 @@ func newFixture(t testing.TB) *fixture {
 func newQuotaFixture(t *testing.T, limit int) (*fixture, *tenants.Slots) {
 	t.Helper()
 	env := testenv.New(t)
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(context.Background(), tenants.CreateParams{Name: "acme"})
+	db := pg.New(env.App, env.System, false)
+	tn, err := tenants.Create(context.Background(), db, tenants.CreateParams{Name: "acme"})
 	require.NoError(t, err)
-	require.NoError(t, db.Update(context.Background(), tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: limit}}))
+	require.NoError(t, tenants.Update(context.Background(), db, tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: limit}}))
 	slots := tenants.NewSlots(env.Redis, env.Namespace, nil)
 	return &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{Slots: slots}), tenant: tn.ID}, slots
 }

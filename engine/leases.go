@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -283,7 +284,7 @@ func (c *Coordinator) ExpireLeasesOf(ctx context.Context, tenant uuid.UUID, owne
 		return 0, nil
 	}
 	var n int64
-	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
 			 WHERE tenant_id = $1 AND state = 'running' AND lease_owner = ANY($2) AND lease_expires_at > now()`, tenant, owners)
 		n = tag.RowsAffected()
@@ -363,7 +364,7 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 // lease path asks for every batch, and limits change rarely (a change
 // applies within limitTTL).
 type limitCache struct {
-	db *tenants.DB
+	db *pg.DB
 	mu sync.Mutex
 	m  map[uuid.UUID]cachedLimit
 }
@@ -375,7 +376,7 @@ type cachedLimit struct {
 
 const limitTTL = 5 * time.Second
 
-func newLimitCache(db *tenants.DB) *limitCache {
+func newLimitCache(db *pg.DB) *limitCache {
 	return &limitCache{db: db, m: map[uuid.UUID]cachedLimit{}}
 }
 
@@ -387,7 +388,9 @@ func (l *limitCache) get(ctx context.Context, tenant uuid.UUID) (int, error) {
 		return c.limit, nil
 	}
 	var limit int
-	err := l.db.System.QueryRow(ctx, `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`, tenant).Scan(&limit)
+	err := l.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
+		return tx.QueryRow(ctx, `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`, tenant).Scan(&limit)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("running-task limit: %w", err)
 	}

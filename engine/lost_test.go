@@ -13,6 +13,7 @@ import (
 
 	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -31,8 +32,8 @@ type backlog struct {
 func newBacklog(t *testing.T, runs, width, checkBatch int) *backlog {
 	t.Helper()
 	env := testenv.New(t)
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(context.Background(), tenants.CreateParams{Name: "acme"})
+	db := pg.New(env.App, env.System, false)
+	tn, err := tenants.Create(context.Background(), db, tenants.CreateParams{Name: "acme"})
 	require.NoError(t, err)
 	b := &backlog{fixture: &fixture{t: t, env: env, db: db, c: NewCoordinator(db, Options{}), tenant: tn.ID}, names: stream.NewNames(env.Namespace)}
 	b.enq = outbox.New(db, env.SystemURL, env.Redis, b.names, outbox.Config{BatchSize: 1000}, nil)

@@ -8,14 +8,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // RegisterGauges reports fleet-wide figures as observable gauges, read
 // when metrics are collected: tasks waiting and running, runs running, and
 // how many tenants are at their running-task quota. None carries a tenant
 // id (unbounded label cardinality); per-tenant figures are in the API.
-func RegisterGauges(db *tenants.DB) error {
+func RegisterGauges(db *pg.DB) error {
 	m := otel.Meter("github.com/composer-dev/composer/engine")
 	queued, err := m.Int64ObservableGauge("composer.tasks.queued", metric.WithDescription("tasks waiting for a worker"))
 	if err != nil {
@@ -35,7 +35,7 @@ func RegisterGauges(db *tenants.DB) error {
 	}
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		var q, r, rr, aq int64
-		err := db.System.QueryRow(ctx, `SELECT
+		err := db.System().QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM task_instances WHERE state = 'pending'),
 			(SELECT count(*) FROM task_instances WHERE state = 'running'),
 			(SELECT count(*) FROM workflow_runs WHERE status = 'running'),

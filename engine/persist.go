@@ -13,7 +13,7 @@ import (
 
 	"github.com/composer-dev/composer/engine/outbox"
 	sm "github.com/composer-dev/composer/engine/statemachine"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // persister writes one transition's actions in one pipelined batch. Every
@@ -23,7 +23,7 @@ import (
 // under us (a sweep requeued it), so the event is stale.
 type persister struct {
 	c           *Coordinator
-	tx          *tenants.Tx
+	tx          *pg.Tx
 	def         *compiled
 	runID       uuid.UUID
 	now         time.Time

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // RunView is a run as dashboards and APIs show it.
@@ -72,7 +72,7 @@ func scanRun(row pgx.Row) (RunView, error) {
 }
 
 // GetRun reads one run in the transaction's tenant.
-func GetRun(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (RunView, error) {
+func GetRun(ctx context.Context, tx *pg.Tx, id uuid.UUID) (RunView, error) {
 	r, err := scanRun(tx.QueryRow(ctx, `SELECT `+runColumns+` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RunView{}, errs.E(errs.NotFound, "run %s not found", id)
@@ -87,7 +87,7 @@ const taskColumns = `id, run_id, node_id, node_type, queue, config->'task'->>'ha
 	skip_reason, created_at, started_at, finished_at`
 
 // TasksOfRuns reads the tasks of the given runs, in creation order.
-func TasksOfRuns(ctx context.Context, tx *tenants.Tx, runs []uuid.UUID) ([]TaskView, error) {
+func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, error) {
 	rows, err := tx.Query(ctx, `SELECT `+taskColumns+` FROM task_instances WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id, id`, tx.Tenant, runs)
 	if err != nil {
 		return nil, fmt.Errorf("tasks of runs: %w", err)
@@ -121,7 +121,7 @@ const MaxPage = 500
 
 // ListRuns returns up to first runs older than the run id after (nil for
 // the newest), newest first, and whether more follow.
-func ListRuns(ctx context.Context, tx *tenants.Tx, f RunFilter, first int, after *uuid.UUID) ([]RunView, bool, error) {
+func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uuid.UUID) ([]RunView, bool, error) {
 	if first < 1 || first > MaxPage {
 		return nil, false, errs.E(errs.Invalid, "first must be between 1 and %d", MaxPage)
 	}
@@ -195,7 +195,7 @@ type RunEvent struct {
 }
 
 // Timeline reads up to limit of a run's events, oldest first.
-func Timeline(ctx context.Context, tx *tenants.Tx, run uuid.UUID, limit int) ([]RunEvent, error) {
+func Timeline(ctx context.Context, tx *pg.Tx, run uuid.UUID, limit int) ([]RunEvent, error) {
 	if limit < 1 || limit > 5000 {
 		return nil, errs.E(errs.Invalid, "first must be between 1 and 5000")
 	}
@@ -227,7 +227,7 @@ func scanWorkflow(row pgx.Row) (Workflow, error) {
 }
 
 // ListWorkflows returns up to first workflows after the name after, by name.
-func ListWorkflows(ctx context.Context, tx *tenants.Tx, first int, after *string) ([]Workflow, bool, error) {
+func ListWorkflows(ctx context.Context, tx *pg.Tx, first int, after *string) ([]Workflow, bool, error) {
 	if first < 1 || first > MaxPage {
 		return nil, false, errs.E(errs.Invalid, "first must be between 1 and %d", MaxPage)
 	}
@@ -257,7 +257,7 @@ func ListWorkflows(ctx context.Context, tx *tenants.Tx, first int, after *string
 
 // WorkflowsByID reads workflows by id (for batched loading); missing ids
 // are absent from the map.
-func WorkflowsByID(ctx context.Context, tx *tenants.Tx, ids []uuid.UUID) (map[uuid.UUID]Workflow, error) {
+func WorkflowsByID(ctx context.Context, tx *pg.Tx, ids []uuid.UUID) (map[uuid.UUID]Workflow, error) {
 	rows, err := tx.Query(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions WHERE tenant_id = $1 AND id = ANY($2)`, tx.Tenant, ids)
 	if err != nil {
 		return nil, fmt.Errorf("workflows by id: %w", err)
@@ -275,7 +275,7 @@ func WorkflowsByID(ctx context.Context, tx *tenants.Tx, ids []uuid.UUID) (map[uu
 }
 
 // GetWorkflow reads one workflow.
-func GetWorkflow(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Workflow, error) {
+func GetWorkflow(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Workflow, error) {
 	w, err := scanWorkflow(tx.QueryRow(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Workflow{}, errs.E(errs.NotFound, "workflow %s not found", id)
@@ -288,7 +288,7 @@ func GetWorkflow(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Workflow, e
 
 // Versions reads a workflow's versions, newest first; number > 0 reads
 // only that one (NotFound when it does not exist).
-func Versions(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number int) ([]Version, error) {
+func Versions(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, number int) ([]Version, error) {
 	out, err := versionPage(ctx, tx, workflow, number, 0, 0)
 	if err == nil && number > 0 && len(out) == 0 {
 		return nil, errs.E(errs.NotFound, "version %d of workflow %s not found", number, workflow)
@@ -298,11 +298,11 @@ func Versions(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number in
 
 // VersionPage lists up to limit versions of a workflow, newest first,
 // older than before (0: from the newest).
-func VersionPage(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, limit, before int) ([]Version, error) {
+func VersionPage(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, limit, before int) ([]Version, error) {
 	return versionPage(ctx, tx, workflow, 0, limit, before)
 }
 
-func versionPage(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, number, limit, before int) ([]Version, error) {
+func versionPage(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, number, limit, before int) ([]Version, error) {
 	rows, err := tx.Query(ctx, `SELECT workflow_id, version, definition, created_at FROM workflow_versions
 		WHERE tenant_id = $1 AND workflow_id = $2 AND ($3 = 0 OR version = $3) AND ($5 = 0 OR version < $5)
 		ORDER BY version DESC LIMIT CASE WHEN $4 > 0 THEN $4 END`, tx.Tenant, workflow, number, limit, before)
@@ -332,7 +332,7 @@ type Usage struct {
 
 // TenantUsage counts the tenant's running runs and its queued and running
 // tasks.
-func TenantUsage(ctx context.Context, tx *tenants.Tx) (Usage, error) {
+func TenantUsage(ctx context.Context, tx *pg.Tx) (Usage, error) {
 	var u Usage
 	err := tx.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'),
@@ -349,7 +349,7 @@ func TenantUsage(ctx context.Context, tx *tenants.Tx) (Usage, error) {
 
 // QueuedTasksAtLeast reports whether the tenant has at least n tasks
 // waiting for a worker (counting no further than n).
-func QueuedTasksAtLeast(ctx context.Context, tx *tenants.Tx, n int) (bool, error) {
+func QueuedTasksAtLeast(ctx context.Context, tx *pg.Tx, n int) (bool, error) {
 	if n <= 0 {
 		return false, nil
 	}

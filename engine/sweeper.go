@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/config"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // SweeperConfig configures the recovery loops. Zero fields take defaults.
@@ -62,7 +62,7 @@ func (c *SweeperConfig) defaults() {
 // machine ignores a timer or report that is no longer relevant.
 type Sweeper struct {
 	c    *Coordinator
-	db   *tenants.DB
+	db   *pg.DB
 	cfg  SweeperConfig
 	log  *zap.Logger
 	wake chan struct{}
@@ -83,7 +83,7 @@ type lostCursor struct {
 }
 
 // NewSweeper returns a sweeper driving events through c.
-func NewSweeper(c *Coordinator, db *tenants.DB, cfg SweeperConfig, log *zap.Logger) *Sweeper {
+func NewSweeper(c *Coordinator, db *pg.DB, cfg SweeperConfig, log *zap.Logger) *Sweeper {
 	cfg.defaults()
 	if log == nil {
 		log = zap.NewNop()
@@ -172,7 +172,7 @@ func (s *Sweeper) expireLeases(ctx context.Context) (applied int, full bool, err
 	// worker id can be), so replicas sweeping at once split the work
 	// instead of each applying every lease. A claim older than two
 	// intervals (its sweeper died) may be taken again.
-	rows, err := s.db.System.Query(ctx, `UPDATE task_instances t SET lease_owner = $2, updated_at = now()
+	rows, err := s.db.System().Query(ctx, `UPDATE task_instances t SET lease_owner = $2, updated_at = now()
 		  FROM workflow_runs r
 		 WHERE (t.tenant_id, t.run_id, t.id) IN (
 		           SELECT tenant_id, run_id, id FROM task_instances
@@ -237,7 +237,7 @@ func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
 		updatedAt       time.Time
 	}
 	cur := s.cursor
-	rows, err := s.db.System.Query(ctx, `SELECT p.tenant_id, p.run_id, p.id, p.dispatch_at, p.updated_at FROM task_instances p
+	rows, err := s.db.System().Query(ctx, `SELECT p.tenant_id, p.run_id, p.id, p.dispatch_at, p.updated_at FROM task_instances p
 		 WHERE p.state = 'pending'
 		   AND p.dispatch_at < now() - make_interval(secs => $1)
 		   AND p.updated_at < now() - make_interval(secs => $1)
@@ -302,7 +302,7 @@ func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
 	// Only a task unchanged since it was read is re-dispatched: one leased,
 	// retried or dispatched meanwhile is not lost.
 	var n int64
-	err = s.db.System.QueryRow(ctx, `
+	err = s.db.System().QueryRow(ctx, `
 		WITH cand AS (
 			SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::timestamptz[]) AS c(tenant_id, run_id, id, updated_at)
 		), lost AS (
@@ -375,7 +375,7 @@ func (s *Sweeper) retryTimer(ctx context.Context, tenant uuid.UUID, id int64) {
 	n := s.failures[id]
 	s.failMu.Unlock()
 	delay := min(s.cfg.TimerPoll<<min(n-1, 10), s.timerClaim())
-	if _, err := s.db.System.Exec(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $3)
+	if _, err := s.db.System().Exec(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $3)
 		WHERE tenant_id = $1 AND id = $2`, tenant, id, delay.Seconds()); err != nil {
 		return // the claim lapses on its own
 	}
@@ -393,7 +393,7 @@ func (s *Sweeper) timerFired(id int64) {
 // the next unclaimed timer falls due (zero when there is none).
 func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 	for {
-		rows, err := s.db.System.Query(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $2)
+		rows, err := s.db.System().Query(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $2)
 			 WHERE (tenant_id, id) IN (
 			       SELECT tenant_id, id FROM timers
 			        WHERE fire_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
@@ -436,7 +436,7 @@ func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 		}
 	}
 	var next *time.Time
-	if err := s.db.System.QueryRow(ctx, `SELECT min(greatest(fire_at, coalesce(claimed_until, fire_at))) FROM timers`).Scan(&next); err != nil {
+	if err := s.db.System().QueryRow(ctx, `SELECT min(greatest(fire_at, coalesce(claimed_until, fire_at))) FROM timers`).Scan(&next); err != nil {
 		return time.Time{}, fmt.Errorf("next timer: %w", err)
 	}
 	if next == nil {
@@ -462,17 +462,17 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context) {
 // retention setting, drops whole months that left it.
 func (s *Sweeper) Maintain(ctx context.Context) error {
 	var made, dropped int
-	if err := s.db.System.QueryRow(ctx, `SELECT composer_ensure_partitions(3)`).Scan(&made); err != nil {
+	if err := s.db.System().QueryRow(ctx, `SELECT composer_ensure_partitions(3)`).Scan(&made); err != nil {
 		return fmt.Errorf("ensure partitions: %w", err)
 	}
 	if s.cfg.RetentionMonths > 0 {
-		if err := s.db.System.QueryRow(ctx, `SELECT composer_drop_partitions($1)`, s.cfg.RetentionMonths).Scan(&dropped); err != nil {
+		if err := s.db.System().QueryRow(ctx, `SELECT composer_drop_partitions($1)`, s.cfg.RetentionMonths).Scan(&dropped); err != nil {
 			return fmt.Errorf("drop partitions: %w", err)
 		}
 		// Idempotency keys live outside the partitions; they go with the
 		// runs they named, in bounded batches.
 		for {
-			tag, err := s.db.System.Exec(ctx, `DELETE FROM run_idempotency_keys WHERE (tenant_id, key) IN (
+			tag, err := s.db.System().Exec(ctx, `DELETE FROM run_idempotency_keys WHERE (tenant_id, key) IN (
 				SELECT tenant_id, key FROM run_idempotency_keys
 				 WHERE created_at < date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => $1)
 				 LIMIT 10000)`, s.cfg.RetentionMonths)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	sm "github.com/composer-dev/composer/engine/statemachine"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 func (f *fixture) lease(run uuid.UUID, node, owner string, ttl time.Duration) taskRow {
@@ -266,7 +266,7 @@ func TestMaintenanceDropsWholeOldMonths(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// An old idempotency key and a fresh one.
-	require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash, created_at)
 			VALUES ($1, 'old', $2, '\x00', '2019-01-15Z'), ($1, 'new', $2, '\x00', now())`, f.tenant, uuid.New())
 		return err

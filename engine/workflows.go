@@ -16,6 +16,7 @@ import (
 	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -69,7 +70,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 	}
 	w := Workflow{ID: uuid.Must(uuid.NewV7()), Name: name, Description: description, LatestVersion: 1}
 	v := Version{WorkflowID: w.ID, Version: 1, Definition: wf.Canonical()}
-	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		err := tx.QueryRow(ctx, `INSERT INTO workflow_definitions (tenant_id, id, name, description, latest_version)
 			VALUES ($1, $2, $3, $4, 1) RETURNING created_at, updated_at`, tenant, w.ID, name, description).
 			Scan(&w.CreatedAt, &w.UpdatedAt)
@@ -95,7 +96,7 @@ func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uui
 		return Version{}, invalidDefinition(err)
 	}
 	v := Version{WorkflowID: workflowID, Definition: wf.Canonical()}
-	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		err := tx.QueryRow(ctx, `UPDATE workflow_definitions SET latest_version = latest_version + 1, updated_at = now()
 			WHERE tenant_id = $1 AND id = $2 RETURNING latest_version`, tenant, workflowID).Scan(&v.Version)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -149,7 +150,7 @@ func newDefCache(max int) *defCache { return &defCache{entries: map[defKey]*comp
 
 // load returns the compiled definition, reading it through tx (so row-level
 // security applies) on a miss.
-func (d *defCache) load(ctx context.Context, tx *tenants.Tx, workflow uuid.UUID, version int) (*compiled, error) {
+func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, version int) (*compiled, error) {
 	k := defKey{tx.Tenant, workflow, version}
 	d.mu.Lock()
 	c := d.entries[k]

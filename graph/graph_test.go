@@ -88,7 +88,7 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 
 func twoTenants(t *testing.T, mod ...func(*config.Config)) (*apptest.System, tenantWorld, tenantWorld) {
 	sys := apptest.Start(t, mod...)
-	b, err := sys.Deps.DB.Create(context.Background(), tenants.CreateParams{Name: "tenant-b"})
+	b, err := tenants.Create(context.Background(), sys.Deps.DB, tenants.CreateParams{Name: "tenant-b"})
 	require.NoError(t, err)
 	return sys, newTenantWorld(t, sys, sys.Tenant), newTenantWorld(t, sys, b.ID)
 }
@@ -794,7 +794,7 @@ func TestWriteOnlyKeysLearnWhatTheyDid(t *testing.T) {
 func TestCollectionsAreBounded(t *testing.T) {
 	t.Parallel()
 	sys, a, _ := twoTenants(t)
-	require.NoError(t, sys.Deps.DB.Update(context.Background(), a.id, tenants.UpdateParams{Limits: &tenants.Limits{
+	require.NoError(t, tenants.Update(context.Background(), sys.Deps.DB, a.id, tenants.UpdateParams{Limits: &tenants.Limits{
 		MaxSignalsPerRun: 3, MaxWorkflowVersions: 3, MaxAPIKeys: 3, MaxWebhookEndpoints: 2}}))
 	quota := []string{"QUOTA_EXCEEDED"}
 

@@ -13,6 +13,7 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -47,7 +48,7 @@ func (r *Resolver) wrote(ctx context.Context, id uuid.UUID, v *engine.RunView) *
 
 func (r *Resolver) readRun(ctx context.Context, id uuid.UUID, action auth.Action) (*engine.RunView, error) {
 	var run engine.RunView
-	err := r.inTenant(ctx, action, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, action, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		run, err = engine.GetRun(ctx, tx, id)
 		return err
@@ -64,7 +65,7 @@ func (r *Resolver) readRun(ctx context.Context, id uuid.UUID, action auth.Action
 // push).
 func (r *Resolver) snapshot(ctx context.Context, tenant, id uuid.UUID) (*engine.RunView, error) {
 	var run engine.RunView
-	err := r.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		if run, err = engine.GetRun(ctx, tx, id); err != nil {
 			return err
@@ -106,7 +107,7 @@ func (r *Resolver) tenant(ctx context.Context) (*tenants.Tenant, error) {
 		return nil, err
 	}
 	var t tenants.Tenant
-	err = r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
 		t, err = tenants.Get(ctx, tx)
 		return err
 	})
@@ -193,7 +194,7 @@ func parsePeriod(period *string) (billing.Period, error) {
 func (r *Resolver) invoice(ctx context.Context, p billing.Period) (billing.Invoice, time.Time, error) {
 	var inv billing.Invoice
 	var asOf time.Time
-	err := r.inTenant(ctx, auth.ActionBillingRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionBillingRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		inv, asOf, err = billing.Preview(ctx, tx, p)
 		return err
@@ -203,9 +204,9 @@ func (r *Resolver) invoice(ctx context.Context, p billing.Period) (billing.Invoi
 
 // manageWebhooks runs fn in a webhooks:manage tenant transaction and
 // returns what it produced.
-func manageWebhooks[T any](ctx context.Context, r *Resolver, fn func(ctx context.Context, tx *tenants.Tx) (T, error)) (*T, error) {
+func manageWebhooks[T any](ctx context.Context, r *Resolver, fn func(ctx context.Context, tx *pg.Tx) (T, error)) (*T, error) {
 	var out T
-	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = fn(ctx, tx)
 		return err

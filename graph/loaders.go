@@ -12,7 +12,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // loaders batch the per-item fields of lists, so listing 100 runs with
@@ -31,7 +31,7 @@ func (r *Resolver) newLoaders() *loaders {
 	return &loaders{
 		tasks: dataloadgen.NewLoader(func(ctx context.Context, runs []uuid.UUID) ([][]engine.TaskView, []error) {
 			out := make([][]engine.TaskView, len(runs))
-			err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+			err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *pg.Tx) error {
 				tasks, err := engine.TasksOfRuns(ctx, tx, runs)
 				if err != nil {
 					return err
@@ -54,7 +54,7 @@ func (r *Resolver) newLoaders() *loaders {
 		workflows: dataloadgen.NewLoader(func(ctx context.Context, ids []uuid.UUID) ([]engine.Workflow, []error) {
 			out := make([]engine.Workflow, len(ids))
 			var found map[uuid.UUID]engine.Workflow
-			err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+			err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *pg.Tx) error {
 				var err error
 				found, err = engine.WorkflowsByID(ctx, tx, ids)
 				return err
@@ -99,7 +99,7 @@ func (r *Resolver) loaders(ctx context.Context) *loaders {
 
 // preload fills the request's loaders for a page of runs, so their tasks
 // and workflows cost one query each for the whole page.
-func (r *Resolver) preload(ctx context.Context, tx *tenants.Tx, runs []engine.RunView, tasks, workflows bool) error {
+func (r *Resolver) preload(ctx context.Context, tx *pg.Tx, runs []engine.RunView, tasks, workflows bool) error {
 	l := r.loaders(ctx)
 	if tasks && len(runs) > 0 {
 		ids := make([]uuid.UUID, len(runs))

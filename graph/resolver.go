@@ -20,13 +20,14 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 )
 
 // Resolver is the root resolver; it carries the gateway's dependencies.
 type Resolver struct {
-	DB    *tenants.DB
+	DB    *pg.DB
 	Coord *engine.Coordinator
 	Authz *auth.Authorizer
 	Live  *Live
@@ -50,12 +51,12 @@ func principal(ctx context.Context) (auth.Principal, error) {
 
 // inTenant runs fn in the principal's tenant transaction once the principal
 // may perform action: the one authorization gate of every resolver.
-func (r *Resolver) inTenant(ctx context.Context, action auth.Action, fn func(ctx context.Context, tx *tenants.Tx) error) error {
+func (r *Resolver) inTenant(ctx context.Context, action auth.Action, fn func(ctx context.Context, tx *pg.Tx) error) error {
 	p, err := principal(ctx)
 	if err != nil {
 		return err
 	}
-	return r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *tenants.Tx) error {
+	return r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
 		if err := r.Authz.Allowed(ctx, tx, p, action); err != nil {
 			return err
 		}
@@ -71,7 +72,7 @@ func (r *Resolver) authorize(ctx context.Context, action auth.Action) (auth.Prin
 	if err != nil {
 		return p, err
 	}
-	return p, r.inTenant(ctx, action, func(context.Context, *tenants.Tx) error { return nil })
+	return p, r.inTenant(ctx, action, func(context.Context, *pg.Tx) error { return nil })
 }
 
 // gated returns ctx carrying the principal's authorization for action,
@@ -87,7 +88,7 @@ func (r *Resolver) gated(ctx context.Context, action auth.Action) (context.Conte
 	if !auth.PowerOf(p).Can(action) {
 		return ctx, p, errs.E(errs.Forbidden, "not allowed to %s", action)
 	}
-	return engine.WithGate(ctx, func(ctx context.Context, tx *tenants.Tx) error { return r.Authz.Allowed(ctx, tx, p, action) }), p, nil
+	return engine.WithGate(ctx, func(ctx context.Context, tx *pg.Tx) error { return r.Authz.Allowed(ctx, tx, p, action) }), p, nil
 }
 
 // admitStart gates a run start (see gated) and takes it from the tenant's

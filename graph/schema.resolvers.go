@@ -17,6 +17,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/google/uuid"
 	"go.uber.org/zap"
@@ -161,7 +162,7 @@ func (r *mutationResolver) CreateAPIKey(ctx context.Context, input model.CreateA
 		return nil, err
 	}
 	var out model.CreateAPIKeyPayload
-	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *pg.Tx) error {
 		if err := auth.MayCreateKey(p, input.Scopes); err != nil {
 			return err
 		}
@@ -182,7 +183,7 @@ func (r *mutationResolver) RevokeAPIKey(ctx context.Context, id uuid.UUID) (*aut
 	if err != nil {
 		return nil, err
 	}
-	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *pg.Tx) error {
 		before, err := auth.Keys{}.Get(ctx, tx, id)
 		if err != nil {
 			return err
@@ -216,7 +217,7 @@ func (r *mutationResolver) AddMember(ctx context.Context, subject string, role m
 	if err != nil {
 		return nil, err
 	}
-	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *pg.Tx) error {
 		if err := auth.MayGrantRole(p, authRole(role)); err != nil {
 			return err
 		}
@@ -237,7 +238,7 @@ func (r *mutationResolver) ChangeMemberRole(ctx context.Context, subject string,
 	if err != nil {
 		return nil, err
 	}
-	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *pg.Tx) error {
 		current, err := auth.Members{}.Get(ctx, tx, subject)
 		if err != nil {
 			return err
@@ -263,7 +264,7 @@ func (r *mutationResolver) RemoveMember(ctx context.Context, subject string) (bo
 	if err != nil {
 		return false, err
 	}
-	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *pg.Tx) error {
 		current, err := auth.Members{}.Get(ctx, tx, subject)
 		if err != nil {
 			return err
@@ -314,7 +315,7 @@ func (r *queryResolver) Workflows(ctx context.Context, first *int, after *string
 	}
 	var list []engine.Workflow
 	var more bool
-	err = r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *pg.Tx) error {
 		list, more, err = engine.ListWorkflows(ctx, tx, n, cursor)
 		return err
 	})
@@ -333,7 +334,7 @@ func (r *queryResolver) Workflows(ctx context.Context, first *int, after *string
 // Workflow is the resolver for the workflow field.
 func (r *queryResolver) Workflow(ctx context.Context, id uuid.UUID) (*engine.Workflow, error) {
 	var w engine.Workflow
-	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		w, err = engine.GetWorkflow(ctx, tx, id)
 		return err
@@ -371,7 +372,7 @@ func (r *queryResolver) Runs(ctx context.Context, first *int, after *string, fil
 	}
 	var list []engine.RunView
 	var more bool
-	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *pg.Tx) error {
 		if list, more, err = engine.ListRuns(ctx, tx, f, n, cursor); err != nil {
 			return err
 		}
@@ -406,7 +407,7 @@ func (r *queryResolver) APIKeys(ctx context.Context, first *int, after *uuid.UUI
 		return nil, errs.E(errs.Invalid, "first must be between 1 and 500")
 	}
 	var out []auth.Key
-	err := r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionKeysManage, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = auth.Keys{}.List(ctx, tx, n, after)
 		return err
@@ -418,7 +419,7 @@ func (r *queryResolver) APIKeys(ctx context.Context, first *int, after *uuid.UUI
 func (r *queryResolver) Members(ctx context.Context) ([]auth.Member, error) {
 	var out []auth.Member
 	// Members carry email addresses: only those who manage members read them.
-	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionMembersManage, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = auth.Members{}.List(ctx, tx)
 		return err
@@ -467,7 +468,7 @@ func (r *runResolver) Timeline(ctx context.Context, obj *engine.RunView, first *
 		n = *first
 	}
 	var out []engine.RunEvent
-	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = engine.Timeline(ctx, tx, obj.ID, n)
 		return err
@@ -543,7 +544,7 @@ func (r *taskResolver) State(ctx context.Context, obj *engine.TaskView) (model.T
 // Limits is the resolver for the limits field.
 func (r *tenantResolver) Limits(ctx context.Context, obj *tenants.Tenant) (*tenants.Limits, error) {
 	var l tenants.Limits
-	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		l, err = tenants.EffectiveLimits(ctx, tx)
 		return err
@@ -561,7 +562,7 @@ func (r *tenantResolver) Usage(ctx context.Context, obj *tenants.Tenant, period 
 		return nil, err
 	}
 	var u engine.Usage
-	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		u, err = engine.TenantUsage(ctx, tx)
 		return err
@@ -639,7 +640,7 @@ func (r *workflowResolver) Versions(ctx context.Context, obj *engine.Workflow, f
 		b = *before
 	}
 	var out []engine.Version
-	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = engine.VersionPage(ctx, tx, obj.ID, n, b)
 		return err
@@ -653,7 +654,7 @@ func (r *workflowResolver) Version(ctx context.Context, obj *engine.Workflow, nu
 		return nil, errs.E(errs.Invalid, "version numbers start at 1")
 	}
 	var out []engine.Version
-	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWorkflowsRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = engine.Versions(ctx, tx, obj.ID, number)
 		return err

@@ -13,7 +13,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/google/uuid"
 )
@@ -25,7 +25,7 @@ func (r *mutationResolver) CreateWebhookEndpoint(ctx context.Context, input mode
 		return nil, err
 	}
 	var out model.WebhookEndpointSecret
-	err = r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *pg.Tx) error {
 		desc := ""
 		if input.Description != nil {
 			desc = *input.Description
@@ -47,7 +47,7 @@ func (r *mutationResolver) UpdateWebhookEndpoint(ctx context.Context, id uuid.UU
 	if err != nil {
 		return nil, err
 	}
-	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *tenants.Tx) (webhooks.Endpoint, error) {
+	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *pg.Tx) (webhooks.Endpoint, error) {
 		return r.Webhooks.Update(ctx, tx, id, webhooks.UpdateParams{URL: input.URL, Description: input.Description,
 			EventTypes: input.EventTypes, Enabled: input.Enabled, By: p.Subject})
 	})
@@ -63,7 +63,7 @@ func (r *mutationResolver) RotateWebhookSecret(ctx context.Context, id uuid.UUID
 		grace = time.Duration(*graceSeconds) * time.Second
 	}
 	var out model.WebhookEndpointSecret
-	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *pg.Tx) error {
 		e, secret, err := r.Webhooks.Rotate(ctx, tx, id, grace)
 		out.Endpoint, out.Secret = &e, secret
 		return err
@@ -81,14 +81,14 @@ func (r *mutationResolver) DisableWebhookEndpoint(ctx context.Context, id uuid.U
 		return nil, err
 	}
 	off := false
-	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *tenants.Tx) (webhooks.Endpoint, error) {
+	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *pg.Tx) (webhooks.Endpoint, error) {
 		return r.Webhooks.Update(ctx, tx, id, webhooks.UpdateParams{Enabled: &off, By: p.Subject})
 	})
 }
 
 // DeleteWebhookEndpoint is the resolver for the deleteWebhookEndpoint field.
 func (r *mutationResolver) DeleteWebhookEndpoint(ctx context.Context, id uuid.UUID) (uuid.UUID, error) {
-	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *pg.Tx) error {
 		return r.Webhooks.Delete(ctx, tx, id)
 	})
 	if err != nil {
@@ -99,14 +99,14 @@ func (r *mutationResolver) DeleteWebhookEndpoint(ctx context.Context, id uuid.UU
 
 // RedeliverWebhook is the resolver for the redeliverWebhook field.
 func (r *mutationResolver) RedeliverWebhook(ctx context.Context, deliveryID uuid.UUID) (*webhooks.Delivery, error) {
-	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *tenants.Tx) (webhooks.Delivery, error) {
+	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *pg.Tx) (webhooks.Delivery, error) {
 		return r.Webhooks.Redeliver(ctx, tx, deliveryID)
 	})
 }
 
 // SendWebhookTestPing is the resolver for the sendWebhookTestPing field.
 func (r *mutationResolver) SendWebhookTestPing(ctx context.Context, endpointID uuid.UUID) (*webhooks.Delivery, error) {
-	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *tenants.Tx) (webhooks.Delivery, error) {
+	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *pg.Tx) (webhooks.Delivery, error) {
 		return r.Webhooks.Ping(ctx, tx, endpointID, time.Now())
 	})
 }
@@ -114,7 +114,7 @@ func (r *mutationResolver) SendWebhookTestPing(ctx context.Context, endpointID u
 // WebhookEndpoints is the resolver for the webhookEndpoints field.
 func (r *queryResolver) WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoint, error) {
 	var out []webhooks.Endpoint
-	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, err = r.Webhooks.List(ctx, tx)
 		return err
@@ -124,7 +124,7 @@ func (r *queryResolver) WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoi
 
 // WebhookEndpoint is the resolver for the webhookEndpoint field.
 func (r *queryResolver) WebhookEndpoint(ctx context.Context, id uuid.UUID) (*webhooks.Endpoint, error) {
-	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *tenants.Tx) (webhooks.Endpoint, error) {
+	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *pg.Tx) (webhooks.Endpoint, error) {
 		return r.Webhooks.Get(ctx, tx, id)
 	})
 }
@@ -154,7 +154,7 @@ func (r *queryResolver) WebhookDeliveries(ctx context.Context, endpointID *uuid.
 	}
 	var list []webhooks.Delivery
 	var more bool
-	err = r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *tenants.Tx) error {
+	err = r.inTenant(ctx, auth.ActionWebhooksManage, func(ctx context.Context, tx *pg.Tx) error {
 		list, more, err = r.Webhooks.Deliveries(ctx, tx, f, n, cursor)
 		return err
 	})
@@ -172,7 +172,7 @@ func (r *queryResolver) WebhookDeliveries(ctx context.Context, endpointID *uuid.
 
 // WebhookDelivery is the resolver for the webhookDelivery field.
 func (r *queryResolver) WebhookDelivery(ctx context.Context, id uuid.UUID) (*webhooks.Delivery, error) {
-	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *tenants.Tx) (webhooks.Delivery, error) {
+	return manageWebhooks(ctx, r.Resolver, func(ctx context.Context, tx *pg.Tx) (webhooks.Delivery, error) {
 		return r.Webhooks.Delivery(ctx, tx, id)
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // Limits are what a tenant may use. A plan gives defaults; a tenant's own
@@ -85,7 +86,7 @@ func (l Limits) validate() error {
 
 // EffectiveLimits reads the transaction's tenant's limits: its overrides
 // on top of its plan's defaults.
-func EffectiveLimits(ctx context.Context, tx *Tx) (Limits, error) {
+func EffectiveLimits(ctx context.Context, tx *pg.Tx) (Limits, error) {
 	var own, plan []byte
 	err := tx.QueryRow(ctx, `SELECT t.limits, p.limits FROM tenants t JOIN plans p ON p.name = t.plan WHERE t.id = $1`, tx.Tenant).Scan(&own, &plan)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -119,7 +120,7 @@ type UpdateParams struct {
 
 // Update changes a tenant's plan, limit overrides or shard count
 // (operators only: the system role).
-func (db *DB) Update(ctx context.Context, id uuid.UUID, p UpdateParams) error {
+func Update(ctx context.Context, db *pg.DB, id uuid.UUID, p UpdateParams) error {
 	if p.Plan != "" && !planPattern.MatchString(p.Plan) {
 		return errs.E(errs.Invalid, "plan %q is not a valid plan name", p.Plan)
 	}
@@ -133,7 +134,7 @@ func (db *DB) Update(ctx context.Context, id uuid.UUID, p UpdateParams) error {
 		}
 		over, _ = json.Marshal(p.Limits)
 	}
-	tag, err := db.System.Exec(ctx, `UPDATE tenants SET plan = coalesce(NULLIF($2, ''), plan),
+	tag, err := db.System().Exec(ctx, `UPDATE tenants SET plan = coalesce(NULLIF($2, ''), plan),
 		limits = coalesce($3::jsonb, limits), stream_shards = coalesce(NULLIF($4, 0), stream_shards),
 		updated_at = now() WHERE id = $1`, id, p.Plan, over, p.StreamShards)
 	if isFKViolation(err) {
@@ -167,7 +168,7 @@ type cachedLimits struct {
 
 // Get returns the tenant's effective limits, read through db when not
 // remembered.
-func (c *LimitsCache) Get(ctx context.Context, db *DB, tenant uuid.UUID) (Limits, error) {
+func (c *LimitsCache) Get(ctx context.Context, db *pg.DB, tenant uuid.UUID) (Limits, error) {
 	now := time.Now()
 	c.mu.Lock()
 	e, ok := c.m[tenant]
@@ -176,7 +177,7 @@ func (c *LimitsCache) Get(ctx context.Context, db *DB, tenant uuid.UUID) (Limits
 		return e.l, nil
 	}
 	var l Limits
-	if err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *Tx) error {
+	if err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		l, err = EffectiveLimits(ctx, tx)
 		return err

@@ -13,12 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
 
-func limitsOf(t *testing.T, db *tenants.DB, id uuid.UUID) (l tenants.Limits, shards int) {
-	require.NoError(t, db.WithTenant(context.Background(), id, func(ctx context.Context, tx *tenants.Tx) error {
+func limitsOf(t *testing.T, db *pg.DB, id uuid.UUID) (l tenants.Limits, shards int) {
+	require.NoError(t, db.WithTenant(context.Background(), id, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		if l, err = tenants.EffectiveLimits(ctx, tx); err != nil {
 			return err
@@ -33,22 +34,22 @@ func limitsOf(t *testing.T, db *tenants.DB, id uuid.UUID) (l tenants.Limits, sha
 func TestOverridesApplyFieldByFieldOverThePlan(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	tn, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
 	l, _ := limitsOf(t, db, tn.ID)
 	assert.Equal(t, tenants.Limits{MaxRunningTasks: 10, StartsPerSecond: 5, StartBurst: 20, MaxQueuedTasks: 1000, Weight: 1,
 		MaxSignalsPerRun: 100, MaxWorkflowVersions: 100, MaxAPIKeys: 20, MaxWebhookEndpoints: 5}, l, "the free plan")
 
-	require.NoError(t, db.Update(ctx, tn.ID, tenants.UpdateParams{Plan: "pro", Limits: &tenants.Limits{MaxRunningTasks: 7}, StreamShards: 8}))
+	require.NoError(t, tenants.Update(ctx, db, tn.ID, tenants.UpdateParams{Plan: "pro", Limits: &tenants.Limits{MaxRunningTasks: 7}, StreamShards: 8}))
 	l, shards := limitsOf(t, db, tn.ID)
 	assert.Equal(t, tenants.Limits{MaxRunningTasks: 7, StartsPerSecond: 50, StartBurst: 200, MaxQueuedTasks: 100000, Weight: 4,
 		MaxSignalsPerRun: 1000, MaxWorkflowVersions: 1000, MaxAPIKeys: 200, MaxWebhookEndpoints: 20}, l,
 		"the override, the rest from the new plan")
 	assert.Equal(t, 8, shards)
 
-	require.NoError(t, db.Update(ctx, tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{}}))
+	require.NoError(t, tenants.Update(ctx, db, tn.ID, tenants.UpdateParams{Limits: &tenants.Limits{}}))
 	l, _ = limitsOf(t, db, tn.ID)
 	assert.Equal(t, 100, l.MaxRunningTasks, "empty overrides fall back to the plan")
 }
@@ -56,9 +57,9 @@ func TestOverridesApplyFieldByFieldOverThePlan(t *testing.T) {
 func TestBadUpdatesAreRefusedAndChangeNothing(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "a", Plan: "pro"})
+	tn, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a", Plan: "pro"})
 	require.NoError(t, err)
 	before, shards := limitsOf(t, db, tn.ID)
 	for name, p := range map[string]tenants.UpdateParams{
@@ -68,13 +69,13 @@ func TestBadUpdatesAreRefusedAndChangeNothing(t *testing.T) {
 		"weight too large": {Limits: &tenants.Limits{Weight: 5000}},
 		"too many shards":  {StreamShards: 1000},
 	} {
-		err := db.Update(ctx, tn.ID, p)
+		err := tenants.Update(ctx, db, tn.ID, p)
 		assert.True(t, errors.Is(err, errs.Invalid), "%s: %v", name, err)
 	}
 	after, shardsAfter := limitsOf(t, db, tn.ID)
 	assert.Equal(t, before, after)
 	assert.Equal(t, shards, shardsAfter)
-	assert.True(t, errors.Is(db.Update(ctx, uuid.New(), tenants.UpdateParams{Plan: "pro"}), errs.NotFound))
+	assert.True(t, errors.Is(tenants.Update(ctx, db, uuid.New(), tenants.UpdateParams{Plan: "pro"}), errs.NotFound))
 }
 
 func TestRateLimiterAllowsTheBurstThenTheRate(t *testing.T) {

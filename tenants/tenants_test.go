@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -18,15 +19,15 @@ import (
 func TestWithTenantScopesAndCommitsHooksOnlyOnCommit(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	a, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	a, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
-	b, err := db.Create(ctx, tenants.CreateParams{Name: "b", Plan: "pro", StreamShards: 8})
+	b, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "b", Plan: "pro", StreamShards: 8})
 	require.NoError(t, err)
 
 	var ran []string
-	err = db.WithTenant(ctx, a.ID, func(ctx context.Context, tx *tenants.Tx) error {
+	err = db.WithTenant(ctx, a.ID, func(ctx context.Context, tx *pg.Tx) error {
 		got, err := tenants.Get(ctx, tx)
 		require.NoError(t, err)
 		assert.Equal(t, a.ID, got.ID)
@@ -41,17 +42,17 @@ func TestWithTenantScopesAndCommitsHooksOnlyOnCommit(t *testing.T) {
 	assert.Equal(t, []string{"committed"}, ran)
 
 	boom := errors.New("boom")
-	err = db.WithTenant(ctx, b.ID, func(ctx context.Context, tx *tenants.Tx) error {
+	err = db.WithTenant(ctx, b.ID, func(ctx context.Context, tx *pg.Tx) error {
 		tx.AfterCommit(func() { ran = append(ran, "must not run") })
 		return boom
 	})
 	assert.ErrorIs(t, err, boom)
 	assert.Equal(t, []string{"committed"}, ran, "hooks of a rolled-back transaction never run")
 
-	err = db.WithTenant(ctx, uuid.Nil, func(context.Context, *tenants.Tx) error { return nil })
+	err = db.WithTenant(ctx, uuid.Nil, func(context.Context, *pg.Tx) error { return nil })
 	assert.True(t, errors.Is(err, errs.Unauthenticated), "no tenant, no transaction")
 
-	routes, err := db.Routes(ctx, []uuid.UUID{a.ID, b.ID})
+	routes, err := tenants.Routes(ctx, db, []uuid.UUID{a.ID, b.ID})
 	require.NoError(t, err)
 	assert.Equal(t, map[uuid.UUID]tenants.Route{a.ID: {Shards: tenants.DefaultShards, Weight: 1}, b.ID: {Shards: 8, Weight: 4}}, routes,
 		"weights come from the plan (free 1, pro 4)")
@@ -60,9 +61,9 @@ func TestWithTenantScopesAndCommitsHooksOnlyOnCommit(t *testing.T) {
 func TestCreateValidates(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	for _, p := range []tenants.CreateParams{{Name: ""}, {Name: "x", Plan: "Bad Plan"}, {Name: "x", StreamShards: 999}} {
-		_, err := db.Create(context.Background(), p)
+		_, err := tenants.Create(context.Background(), db, p)
 		assert.True(t, errors.Is(err, errs.Invalid), "%+v: %v", p, err)
 	}
 }
@@ -72,12 +73,12 @@ func TestCreateValidates(t *testing.T) {
 func TestDeadlocksAreRetried(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	tn, err := db.Create(ctx, tenants.CreateParams{Name: "a"})
+	tn, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "a"})
 	require.NoError(t, err)
 	ids := [2]uuid.UUID{uuid.New(), uuid.New()}
-	require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *tenants.Tx) error {
+	require.NoError(t, db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *pg.Tx) error {
 		for i, id := range ids {
 			if _, err := tx.Exec(ctx, `INSERT INTO workflow_definitions (tenant_id, id, name) VALUES ($1, $2, $3)`, tn.ID, id, []string{"x", "y"}[i]); err != nil {
 				return err
@@ -91,7 +92,7 @@ func TestDeadlocksAreRetried(t *testing.T) {
 	errc := make(chan error, 2)
 	for i := 0; i < 2; i++ {
 		go func() {
-			errc <- db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *tenants.Tx) error {
+			errc <- db.WithTenant(ctx, tn.ID, func(ctx context.Context, tx *pg.Tx) error {
 				calls[i]++
 				first, second := ids[i], ids[1-i]
 				if _, err := tx.Exec(ctx, `UPDATE workflow_definitions SET description = 'a' WHERE id = $1`, first); err != nil {
@@ -116,9 +117,9 @@ func TestDeadlocksAreRetried(t *testing.T) {
 func TestCreateWithProvisioningIsAtomic(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	ctx := context.Background()
-	_, err := db.Create(ctx, tenants.CreateParams{Name: "doomed"}, func(ctx context.Context, tx *tenants.Tx) error {
+	_, err := tenants.Create(ctx, db, tenants.CreateParams{Name: "doomed"}, func(ctx context.Context, tx *pg.Tx) error {
 		assert.NotEqual(t, uuid.Nil, tx.Tenant, "the step is scoped to the new tenant")
 		return errors.New("key creation failed")
 	})

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // dueNowUnlessClaimed makes a delivery due now, unless a relay holds a live
@@ -81,7 +81,7 @@ func scanDelivery(row pgx.Row) (Delivery, error) {
 
 // Deliveries lists deliveries newest first, n at most, before the id
 // after (a cursor), each with its attempts; more reports a next page.
-func (s Service) Deliveries(ctx context.Context, tx *tenants.Tx, f DeliveryFilter, n int, after *uuid.UUID) (out []Delivery, more bool, err error) {
+func (s Service) Deliveries(ctx context.Context, tx *pg.Tx, f DeliveryFilter, n int, after *uuid.UUID) (out []Delivery, more bool, err error) {
 	if f.State != nil {
 		switch *f.State {
 		case StatePending, StateFailed, StateSucceeded, StateDead:
@@ -107,7 +107,7 @@ func (s Service) Deliveries(ctx context.Context, tx *tenants.Tx, f DeliveryFilte
 }
 
 // attachAttempts loads the attempts of a page of deliveries in one query.
-func (s Service) attachAttempts(ctx context.Context, tx *tenants.Tx, ds []Delivery) error {
+func (s Service) attachAttempts(ctx context.Context, tx *pg.Tx, ds []Delivery) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -134,7 +134,7 @@ func (s Service) attachAttempts(ctx context.Context, tx *tenants.Tx, ds []Delive
 }
 
 // Delivery returns one delivery with its attempts, or NOT_FOUND.
-func (s Service) Delivery(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Delivery, error) {
+func (s Service) Delivery(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Delivery, error) {
 	d, err := scanDelivery(tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries d WHERE d.tenant_id = $1 AND d.id = $2`, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, errs.E(errs.NotFound, "webhook delivery %s not found", id)
@@ -150,7 +150,7 @@ func (s Service) Delivery(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (De
 // Redeliver sends a delivery again now, whatever its state, with the same
 // webhook-id and body, and a fresh retry schedule. Its endpoint must be
 // enabled.
-func (s Service) Redeliver(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Delivery, error) {
+func (s Service) Redeliver(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Delivery, error) {
 	var enabled bool
 	err := tx.QueryRow(ctx, `SELECT e.enabled FROM webhook_deliveries d JOIN webhook_endpoints e
 		ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id WHERE d.tenant_id = $1 AND d.id = $2`, tx.Tenant, id).Scan(&enabled)
@@ -178,7 +178,7 @@ const MaxPingsPerHour = 10
 
 // Ping queues a webhook.test delivery to one endpoint (enabled or not:
 // a ping checks a fix before re-enabling).
-func (s Service) Ping(ctx context.Context, tx *tenants.Tx, endpoint uuid.UUID, now time.Time) (Delivery, error) {
+func (s Service) Ping(ctx context.Context, tx *pg.Tx, endpoint uuid.UUID, now time.Time) (Delivery, error) {
 	if err := s.lock(ctx, tx, endpoint); err != nil {
 		return Delivery{}, err
 	}

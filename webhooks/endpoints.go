@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
@@ -178,7 +179,7 @@ func checkDescription(d string) error {
 }
 
 // Create adds an endpoint with a fresh signing secret, returned once.
-func (s Service) Create(ctx context.Context, tx *tenants.Tx, p CreateParams) (Endpoint, string, error) {
+func (s Service) Create(ctx context.Context, tx *pg.Tx, p CreateParams) (Endpoint, string, error) {
 	if s.Keys == nil {
 		return Endpoint{}, "", errs.Wrap(errs.Unavailable, ErrNoKeyring, "webhooks are not configured on this server")
 	}
@@ -222,7 +223,7 @@ func (s Service) Create(ctx context.Context, tx *tenants.Tx, p CreateParams) (En
 	return e, secret, err
 }
 
-func (s Service) addSecret(ctx context.Context, tx *tenants.Tx, endpoint uuid.UUID) (string, error) {
+func (s Service) addSecret(ctx context.Context, tx *pg.Tx, endpoint uuid.UUID) (string, error) {
 	secret, key := webhook.NewSecret()
 	sid := uuid.Must(uuid.NewV7())
 	if _, err := tx.Exec(ctx, `INSERT INTO webhook_secrets (tenant_id, endpoint_id, id, ciphertext) VALUES ($1, $2, $3, $4)`,
@@ -235,7 +236,7 @@ func (s Service) addSecret(ctx context.Context, tx *tenants.Tx, endpoint uuid.UU
 // Rotate gives the endpoint a new secret, returned once. The old one keeps
 // signing alongside it for grace (0: DefaultGrace; at most MaxGrace), so
 // receivers can switch without missing a delivery.
-func (s Service) Rotate(ctx context.Context, tx *tenants.Tx, id uuid.UUID, grace time.Duration) (Endpoint, string, error) {
+func (s Service) Rotate(ctx context.Context, tx *pg.Tx, id uuid.UUID, grace time.Duration) (Endpoint, string, error) {
 	if s.Keys == nil {
 		return Endpoint{}, "", errs.Wrap(errs.Unavailable, ErrNoKeyring, "webhooks are not configured on this server")
 	}
@@ -268,7 +269,7 @@ func (s Service) Rotate(ctx context.Context, tx *tenants.Tx, id uuid.UUID, grace
 }
 
 // lock takes the endpoint's row lock, or answers NOT_FOUND.
-func (s Service) lock(ctx context.Context, tx *tenants.Tx, id uuid.UUID) error {
+func (s Service) lock(ctx context.Context, tx *pg.Tx, id uuid.UUID) error {
 	var one int
 	err := tx.QueryRow(ctx, `SELECT 1 FROM webhook_endpoints WHERE tenant_id = $1 AND id = $2 FOR UPDATE`, tx.Tenant, id).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -282,7 +283,7 @@ func (s Service) lock(ctx context.Context, tx *tenants.Tx, id uuid.UUID) error {
 
 // Update changes an endpoint. Disabling pauses its pending deliveries;
 // enabling clears the disable reason and resumes them.
-func (s Service) Update(ctx context.Context, tx *tenants.Tx, id uuid.UUID, p UpdateParams) (Endpoint, error) {
+func (s Service) Update(ctx context.Context, tx *pg.Tx, id uuid.UUID, p UpdateParams) (Endpoint, error) {
 	var u *string
 	if p.URL != nil {
 		v, err := s.checkURL(*p.URL)
@@ -324,7 +325,7 @@ func (s Service) Update(ctx context.Context, tx *tenants.Tx, id uuid.UUID, p Upd
 // them; an attempt in flight finishes, and its outcome pauses it; test
 // pings are not paused). Disabling a disabled endpoint keeps the first
 // reason.
-func SetEnabled(ctx context.Context, tx *tenants.Tx, tenant, id uuid.UUID, enabled bool, reason string) error {
+func SetEnabled(ctx context.Context, tx *pg.Tx, tenant, id uuid.UUID, enabled bool, reason string) error {
 	if enabled {
 		if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = true, disabled_at = NULL, disabled_reason = NULL,
 			failing_since = NULL, updated_at = now() WHERE tenant_id = $1 AND id = $2 AND NOT enabled`, tenant, id); err != nil {
@@ -352,7 +353,7 @@ func SetEnabled(ctx context.Context, tx *tenants.Tx, tenant, id uuid.UUID, enabl
 }
 
 // Delete removes an endpoint with its secrets and delivery history.
-func (s Service) Delete(ctx context.Context, tx *tenants.Tx, id uuid.UUID) error {
+func (s Service) Delete(ctx context.Context, tx *pg.Tx, id uuid.UUID) error {
 	tag, err := tx.Exec(ctx, `DELETE FROM webhook_endpoints WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id)
 	if err != nil {
 		return fmt.Errorf("delete endpoint: %w", err)
@@ -386,7 +387,7 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 }
 
 // Get returns one endpoint, or NOT_FOUND.
-func (s Service) Get(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Endpoint, error) {
+func (s Service) Get(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Endpoint, error) {
 	e, err := scanEndpoint(tx.QueryRow(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints e WHERE e.tenant_id = $1 AND e.id = $2`, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, errs.E(errs.NotFound, "webhook endpoint %s not found", id)
@@ -398,7 +399,7 @@ func (s Service) Get(ctx context.Context, tx *tenants.Tx, id uuid.UUID) (Endpoin
 }
 
 // List returns the tenant's endpoints, oldest first.
-func (s Service) List(ctx context.Context, tx *tenants.Tx) ([]Endpoint, error) {
+func (s Service) List(ctx context.Context, tx *pg.Tx) ([]Endpoint, error) {
 	rows, err := tx.Query(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints e WHERE e.tenant_id = $1 ORDER BY e.id`, tx.Tenant)
 	if err != nil {
 		return nil, fmt.Errorf("list endpoints: %w", err)

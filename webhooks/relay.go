@@ -19,9 +19,9 @@ import (
 
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/sdk/webhook"
-	"github.com/composer-dev/composer/tenants"
 )
 
 // DefaultSchedule is the wait before each retry after the first attempt
@@ -37,7 +37,7 @@ var DefaultSchedule = []time.Duration{5 * time.Second, 5 * time.Minute, 30 * tim
 // again when the lease ends (same webhook-id, same body); the claim token
 // fences a late outcome of a claim that was taken over.
 type Relay struct {
-	DB   *tenants.DB
+	DB   *pg.DB
 	Keys *Keyring
 	// Transport sends the requests; it must be SSRF-safe
 	// (ssrf.Policy.ResolvingTransport).
@@ -267,7 +267,7 @@ func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([
 		flightTenants, flightCounts = append(flightTenants, t), append(flightCounts, int32(c))
 	}
 	var out []claimed
-	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		out = out[:0]
 		// Candidates are ranked per tenant without locks (window functions
 		// and FOR UPDATE do not mix), then locked with SKIP LOCKED.
@@ -432,7 +432,7 @@ func (r *Relay) delay(step int) (time.Duration, bool) {
 
 func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 	test := c.eventType == EventTest
-	return r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+	return r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		var errText *string
 		if o.err != "" {
 			errText = &o.err
@@ -513,7 +513,7 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 func (r *Relay) applyRetention(ctx context.Context) error {
 	for range 100 {
 		var n int64
-		err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+		err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 			tag, err := tx.Exec(ctx, `DELETE FROM webhook_deliveries WHERE ctid = ANY(ARRAY(
 				SELECT ctid FROM webhook_deliveries WHERE created_at < now() - make_interval(secs => $1)
 				   AND state IN ('succeeded', 'dead') LIMIT 10000))`, r.Retention.Seconds())

@@ -23,6 +23,7 @@ import (
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/sdk/webhook"
 	"github.com/composer-dev/composer/tenants"
@@ -64,7 +65,7 @@ func (f *fixture) relay(mod func(*webhooks.Relay)) *webhooks.Relay {
 	return r
 }
 
-func (f *fixture) tx(tenant uuid.UUID, fn func(ctx context.Context, tx *tenants.Tx) error) {
+func (f *fixture) tx(tenant uuid.UUID, fn func(ctx context.Context, tx *pg.Tx) error) {
 	f.t.Helper()
 	require.NoError(f.t, f.sys.Deps.DB.WithTenant(context.Background(), tenant, fn))
 }
@@ -76,7 +77,7 @@ func (f *fixture) endpoint(tenant uuid.UUID, url string, types ...string) (webho
 	}
 	var e webhooks.Endpoint
 	var secret string
-	f.tx(tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		e, secret, err = f.svc.Create(ctx, tx, webhooks.CreateParams{URL: url, EventTypes: types, CreatedBy: "test"})
 		return err
@@ -96,7 +97,7 @@ func (f *fixture) cancelledRun() uuid.UUID {
 func (f *fixture) deliveries(tenant uuid.UUID, filter webhooks.DeliveryFilter) []webhooks.Delivery {
 	f.t.Helper()
 	var out []webhooks.Delivery
-	f.tx(tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		out, _, err = f.svc.Deliveries(ctx, tx, filter, 100, nil)
 		return err
@@ -247,7 +248,7 @@ func TestScheduleSpentDeadLettersAnd410Disables(t *testing.T) {
 	require.Len(t, failing.requests(), 3)
 
 	// Failing without a success for longer than DisableAfter disables.
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		got, err := f.svc.Get(ctx, tx, ep.ID)
 		require.NotNil(t, got.FailingSince)
 		require.True(t, got.Enabled)
@@ -262,7 +263,7 @@ func TestScheduleSpentDeadLettersAnd410Disables(t *testing.T) {
 		require.NoError(t, f.sys.Env.System.QueryRow(ctx, `SELECT enabled FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&enabled))
 		return !enabled
 	})
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		got, err := f.svc.Get(ctx, tx, ep.ID)
 		require.NotNil(t, got.DisabledReason)
 		require.Contains(t, *got.DisabledReason, "no successful delivery since")
@@ -281,7 +282,7 @@ func TestScheduleSpentDeadLettersAnd410Disables(t *testing.T) {
 	ep2, _ := f.endpoint(f.sys.Tenant, gone.srv.URL)
 	run4 := f.cancelledRun()
 	f.pump(r, "410 to disable the endpoint", func() bool { return len(gone.requests()) == 1 && f.only(run4).State != webhooks.StatePending })
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		got, err := f.svc.Get(ctx, tx, ep2.ID)
 		require.False(t, got.Enabled)
 		require.Contains(t, *got.DisabledReason, "410 Gone")
@@ -292,7 +293,7 @@ func TestScheduleSpentDeadLettersAnd410Disables(t *testing.T) {
 	// Enabling resumes the paused delivery; the receiver is fixed now.
 	gone.status = func(int) int { return 200 }
 	on := true
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		got, err := f.svc.Update(ctx, tx, ep2.ID, webhooks.UpdateParams{Enabled: &on, By: "test"})
 		require.True(t, got.Enabled)
 		require.Nil(t, got.DisabledReason)
@@ -358,7 +359,7 @@ func TestSSRFRefusedWithoutConnecting(t *testing.T) {
 			_, err := f.sys.Env.System.Exec(ctx, `UPDATE webhook_endpoints SET url = $2 WHERE id = $1`, ep.ID, tc.url)
 			require.NoError(t, err)
 			var d webhooks.Delivery
-			f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+			f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 				var err error
 				d, err = f.svc.Ping(ctx, tx, ep.ID, time.Now())
 				return err
@@ -392,7 +393,7 @@ func TestSSRFRefusedWithoutConnecting(t *testing.T) {
 	// also every spelling of a local or numeric host and ports delivery
 	// would refuse.
 	for _, u := range []string{"http://127.0.0.2/", "http://[::1]/", "http://10.0.0.1/", "http://169.254.169.254/", "http://0.0.0.0/"} {
-		f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 			_, _, err := f.svc.Create(ctx, tx, webhooks.CreateParams{URL: u, EventTypes: webhooks.EventTypes, CreatedBy: "t"})
 			assert.ErrorContains(t, err, "may not be called", u)
 			return nil
@@ -403,7 +404,7 @@ func TestSSRFRefusedWithoutConnecting(t *testing.T) {
 	prod := webhooks.Service{Keys: f.svc.Keys, Policy: strict}
 	for _, u := range []string{"https://LOCALHOST./", "https://localhost/", "https://api.localhost/", "https://2130706433/", "https://0x7f.1/",
 		"https://127.1/", "https://0177.0.0.1/", "https://[::ffff:127.0.0.1]/", "https://hooks.example.com:22/"} {
-		f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 			_, _, err := prod.Create(ctx, tx, webhooks.CreateParams{URL: u, EventTypes: webhooks.EventTypes, CreatedBy: "t"})
 			assert.ErrorContains(t, err, "may not be called", u)
 			return nil
@@ -420,7 +421,7 @@ func TestRotationSignsWithBothSecretsDuringGrace(t *testing.T) {
 	rc := newReceiver(t, func(int) int { return 200 })
 	ep, oldSecret := f.endpoint(f.sys.Tenant, rc.srv.URL)
 	var newSecret string
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		e, s, err := f.svc.Rotate(ctx, tx, ep.ID, time.Hour)
 		require.Len(t, e.Secrets, 2)
 		newSecret = s
@@ -436,7 +437,7 @@ func TestRotationSignsWithBothSecretsDuringGrace(t *testing.T) {
 	require.NoError(t, webhook.Verify(newSecret, q.header, q.body))
 
 	// The grace period ends: only the new secret signs.
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE webhook_secrets SET expires_at = now() - interval '1 second' WHERE expires_at IS NOT NULL`)
 		return err
 	})
@@ -452,7 +453,7 @@ func TestRotationSignsWithBothSecretsDuringGrace(t *testing.T) {
 	require.NoError(t, f.sys.Env.System.QueryRow(ctx, `SELECT count(*) FROM webhook_secrets
 		WHERE position(convert_to($1, 'UTF8') IN ciphertext) > 0`, newSecret[6:]).Scan(&n))
 	require.Zero(t, n)
-	err := f.sys.Deps.DB.WithTenant(ctx, f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := f.sys.Deps.DB.WithTenant(ctx, f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var b []byte
 		return tx.QueryRow(ctx, `SELECT ciphertext FROM webhook_secrets LIMIT 1`).Scan(&b)
 	})
@@ -480,7 +481,7 @@ func TestRedeliverKeepsTheID(t *testing.T) {
 	r := f.relay(nil)
 	f.pump(r, "delivery", func() bool { return f.only(run).State == webhooks.StateSucceeded })
 	d := f.only(run)
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		got, err := f.svc.Redeliver(ctx, tx, d.ID)
 		require.Equal(t, webhooks.StatePending, got.State)
 		return err
@@ -499,7 +500,7 @@ func TestAHangingTenantDoesNotStallOthers(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	other, err := f.sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "b", Plan: "pro", StreamShards: 1})
+	other, err := tenants.Create(ctx, f.sys.Deps.DB, tenants.CreateParams{Name: "b", Plan: "pro", StreamShards: 1})
 	require.NoError(t, err)
 	release := make(chan struct{})
 	var open, peak atomic.Int32
@@ -519,7 +520,7 @@ func TestAHangingTenantDoesNotStallOthers(t *testing.T) {
 	ok := newReceiver(t, func(int) int { return 200 })
 	epB, _ := f.endpoint(other.ID, ok.srv.URL)
 	for range 6 {
-		f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 			_, err := f.svc.Ping(ctx, tx, epA.ID, time.Now())
 			return err
 		})
@@ -533,7 +534,7 @@ func TestAHangingTenantDoesNotStallOthers(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 	apptest.Eventually(t, "A's first request to hang", 10*time.Second, func() bool { return open.Load() == 1 })
 	for i := range 3 {
-		f.tx(other.ID, func(ctx context.Context, tx *tenants.Tx) error {
+		f.tx(other.ID, func(ctx context.Context, tx *pg.Tx) error {
 			_, err := f.svc.Ping(ctx, tx, epB.ID, time.Now())
 			return err
 		})
@@ -563,7 +564,7 @@ func TestRedeliverDuringAnAttemptDoesNotSendTwice(t *testing.T) {
 	go func() { _, err := r.Pass(ctx); passDone <- err }()
 	apptest.Eventually(t, "the attempt to be in flight", 10*time.Second, func() bool { return requests.Load() == 1 })
 	d := f.only(run)
-	f.tx(f.sys.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	f.tx(f.sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := f.svc.Redeliver(ctx, tx, d.ID)
 		return err
 	})

@@ -405,7 +405,7 @@ func TestOneSlotReadsEveryShard(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	tn, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "eight-shards", StreamShards: 8})
+	tn, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "eight-shards", StreamShards: 8})
 	require.NoError(t, err)
 	sys.StartWorker(apptest.WorkerOptions{Config: func(c *workers.Config) { c.Concurrency, c.IdlePoll = 1, time.Hour }})
 	var nodes []string

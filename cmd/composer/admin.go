@@ -108,5 +108,5 @@ func runTenantsUpdate(ctx context.Context, env *environment, args []string) erro
 		return err
 	}
 	defer d.Close()
-	return d.DB.Update(ctx, id, tenants.UpdateParams{Plan: *plan, Limits: over, StreamShards: *shards})
+	return tenants.Update(ctx, d.DB, id, tenants.UpdateParams{Plan: *plan, Limits: over, StreamShards: *shards})
 }

@@ -39,6 +39,7 @@ import (
 
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -80,7 +81,7 @@ func (c *Config) defaults() {
 
 // Enqueuer moves outbox rows to streams. Run it on every replica.
 type Enqueuer struct {
-	db     *tenants.DB
+	db     *pg.DB
 	listen string // connection string for LISTEN (system role)
 	rdb    redis.UniversalClient
 	names  stream.Names
@@ -112,7 +113,7 @@ type shardEntry struct {
 
 // New returns an Enqueuer. listenURL is a connection string for the
 // dedicated LISTEN connection (the system role's).
-func New(db *tenants.DB, listenURL string, rdb redis.UniversalClient, names stream.Names, cfg Config, log *zap.Logger) *Enqueuer {
+func New(db *pg.DB, listenURL string, rdb redis.UniversalClient, names stream.Names, cfg Config, log *zap.Logger) *Enqueuer {
 	cfg.defaults()
 	if log == nil {
 		log = zap.NewNop()
@@ -221,7 +222,7 @@ func (e *Enqueuer) Drain(ctx context.Context) (time.Time, error) {
 		}
 	}
 	var next *time.Time
-	if err := e.db.System.QueryRow(ctx, `SELECT min(next_attempt_at) FROM outbox`).Scan(&next); err != nil {
+	if err := e.db.System().QueryRow(ctx, `SELECT min(next_attempt_at) FROM outbox`).Scan(&next); err != nil {
 		return time.Time{}, fmt.Errorf("next due outbox row: %w", err)
 	}
 	if next == nil {
@@ -246,7 +247,7 @@ type row struct {
 // publishBatch claims, publishes and deletes one batch in one transaction.
 func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 	var claimed int
-	err := e.db.WithSystem(ctx, func(ctx context.Context, tx *tenants.Tx) error {
+	err := e.db.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		claimed = 0
 		rows, err := tx.Query(ctx, `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
@@ -356,7 +357,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 
 // settle deletes published rows and reschedules or dead-letters failed ones,
 // in the claim's transaction.
-func (e *Enqueuer) settle(ctx context.Context, tx *tenants.Tx, batch []row, failed map[int]error) error {
+func (e *Enqueuer) settle(ctx context.Context, tx *pg.Tx, batch []row, failed map[int]error) error {
 	var okTenants []uuid.UUID
 	var okIDs []int64
 	b := &pgx.Batch{}
@@ -426,7 +427,7 @@ func (e *Enqueuer) routes(ctx context.Context, batch []row) (map[uuid.UUID]tenan
 	if len(missing) == 0 {
 		return out, nil
 	}
-	found, err := e.db.Routes(ctx, missing)
+	found, err := tenants.Routes(ctx, e.db, missing)
 	if err != nil {
 		return nil, err
 	}
@@ -563,7 +564,7 @@ func (e *Enqueuer) flushDeletes(ctx context.Context) {
 		if len(ids) == 0 {
 			return
 		}
-		_, err := e.db.System.Exec(ctx, `DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
+		_, err := e.db.System().Exec(ctx, `DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
 			WHERE o.tenant_id = d.tenant_id AND o.id = d.id`, tenants, ids)
 		if err != nil {
 			// Left in place, they are published again after the grace

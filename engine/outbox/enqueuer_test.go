@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -42,7 +43,7 @@ func crashChild() {
 		panic(err)
 	}
 	opts, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
-	e := New(&tenants.DB{System: pool}, os.Getenv("SYSTEM_URL"), redis.NewClient(opts), stream.NewNames(os.Getenv("NAMESPACE")), Config{}, nil)
+	e := New(pg.New(nil, pool, false), os.Getenv("SYSTEM_URL"), redis.NewClient(opts), stream.NewNames(os.Getenv("NAMESPACE")), Config{}, nil)
 	e.afterPublish = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 	_, err = e.Drain(ctx)
 	panic(fmt.Sprintf("child survived the kill: %v", err))
@@ -50,14 +51,14 @@ func crashChild() {
 
 type fixture struct {
 	env    *testenv.Env
-	db     *tenants.DB
+	db     *pg.DB
 	tenant tenants.Tenant
 }
 
 func newFixture(t *testing.T) *fixture {
 	env := testenv.New(t)
-	db := &tenants.DB{App: env.App, System: env.System}
-	tn, err := db.Create(context.Background(), tenants.CreateParams{Name: "acme", StreamShards: 2})
+	db := pg.New(env.App, env.System, false)
+	tn, err := tenants.Create(context.Background(), db, tenants.CreateParams{Name: "acme", StreamShards: 2})
 	require.NoError(t, err)
 	return &fixture{env: env, db: db, tenant: tn}
 }
@@ -70,7 +71,7 @@ func (f *fixture) enqueuer(cfg Config) *Enqueuer {
 // the coordinator does, and commits or rolls back.
 func (f *fixture) insert(t *testing.T, n int, commit bool) {
 	t.Helper()
-	err := f.db.WithTenant(context.Background(), f.tenant.ID, func(ctx context.Context, tx *tenants.Tx) error {
+	err := f.db.WithTenant(context.Background(), f.tenant.ID, func(ctx context.Context, tx *pg.Tx) error {
 		for i := 0; i < n; i++ {
 			if _, err := tx.Exec(ctx, `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, attempt)
 				VALUES ($1, 'default', $2, $3, 'n', 'noop', 1)`, f.tenant.ID, uuid.New(), uuid.New()); err != nil {

@@ -37,7 +37,7 @@ func published(t *testing.T, sys *apptest.System) {
 	t.Helper()
 	apptest.Eventually(t, "dispatches to reach the streams", 10*time.Second, func() bool {
 		var n int
-		require.NoError(t, sys.Deps.DB.System.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n))
+		require.NoError(t, sys.Deps.DB.System().QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n))
 		return n == 0
 	})
 }
@@ -88,7 +88,7 @@ func TestPollNeverCrossesTenants(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	other, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "other", Plan: "pro"})
+	other, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "other", Plan: "pro"})
 	require.NoError(t, err)
 	mine := map[uuid.UUID]bool{}
 	for range 3 {
@@ -243,7 +243,7 @@ func TestPollTakesNoMoreThanTheQuota(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	require.NoError(t, sys.Deps.DB.Update(ctx, sys.Tenant, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 2}}))
+	require.NoError(t, tenants.Update(ctx, sys.Deps.DB, sys.Tenant, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 2}}))
 	wf := sys.Workflow(taskDef("work"))
 	for range 5 {
 		sys.StartRun(wf, `{}`)
@@ -320,7 +320,7 @@ func TestWorkersAreListedAndBounded(t *testing.T) {
 	assert.Equal(t, "test-key", ws[0].KeyID)
 	assert.WithinDuration(t, time.Now(), ws[0].LastSeenAt, 5*time.Second)
 
-	other, err := sys.Deps.DB.Create(ctx, tenants.CreateParams{Name: "other"})
+	other, err := tenants.Create(ctx, sys.Deps.DB, tenants.CreateParams{Name: "other"})
 	require.NoError(t, err)
 	ws, err = p.Workers(ctx, other.ID)
 	require.NoError(t, err)

@@ -16,14 +16,14 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/engine/taskserver"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
-	"github.com/composer-dev/composer/tenants"
 )
 
 func TestWorkerCredentialIsRequired(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewPG(t)
-	db := &tenants.DB{App: env.App, System: env.System}
+	db := pg.New(env.App, env.System, false)
 	srv := httptest.NewServer(taskserver.New(engine.NewCoordinator(db, engine.Options{}), nil, taskserver.PlatformToken("s3cret"), nil))
 	defer srv.Close()
 	ctx := context.Background()

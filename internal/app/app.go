@@ -30,6 +30,7 @@ import (
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/lifecycle"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/pguuid"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
@@ -42,25 +43,27 @@ import (
 type Deps struct {
 	Cfg   config.Config
 	Log   *zap.Logger
-	DB    *tenants.DB
+	DB    *pg.DB
 	Redis *redis.Client
 }
 
 // Open connects to PostgreSQL (both runtime roles) and Redis. poolOpts
 // adjust the app role's pool (tests attach query tracers).
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, poolOpts ...func(*pgxpool.Config)) (*Deps, error) {
-	d := &Deps{Cfg: cfg, Log: log, DB: &tenants.DB{}}
+	d := &Deps{Cfg: cfg, Log: log}
 	if needDB {
-		var err error
-		if d.DB.App, err = pool(ctx, cfg.DatabaseURL, cfg.DBMaxConns, time.Minute, poolOpts...); err != nil {
+		app, err := pool(ctx, cfg.DatabaseURL, cfg.DBMaxConns, time.Minute, poolOpts...)
+		if err != nil {
 			return nil, fmt.Errorf("COMPOSER_DATABASE_URL: %w", err)
 		}
 		// A hung background loop's transaction (e.g. an enqueuer stuck in an
 		// XADD) is ended by the server, releasing the rows it claimed.
-		if d.DB.System, err = pool(ctx, cfg.SystemDatabaseURL, max(cfg.DBMaxConns/2, 4), 30*time.Second); err != nil {
-			d.Close()
+		system, err := pool(ctx, cfg.SystemDatabaseURL, max(cfg.DBMaxConns/2, 4), 30*time.Second)
+		if err != nil {
+			app.Close()
 			return nil, fmt.Errorf("COMPOSER_SYSTEM_DATABASE_URL: %w", err)
 		}
+		d.DB = pg.New(app, system, false)
 	}
 	opts, err := redis.ParseURL(cfg.RedisURL)
 	if err != nil {
@@ -114,11 +117,8 @@ func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration,
 
 // Close closes every connection.
 func (d *Deps) Close() {
-	if d.DB.App != nil {
-		d.DB.App.Close()
-	}
-	if d.DB.System != nil {
-		d.DB.System.Close()
+	if d.DB != nil {
+		d.DB.Close()
 	}
 	if d.Redis != nil {
 		_ = d.Redis.Close()
@@ -192,7 +192,7 @@ func (s *Server) setupWebhooks() error {
 // waiting for a worker as its plan allows, or its usage this month reached
 // a hard cap of its plan or its spend cap. It runs in the start's
 // transaction before anything is written.
-func (s *Server) admit(ctx context.Context, tx *tenants.Tx) error {
+func (s *Server) admit(ctx context.Context, tx *pg.Tx) error {
 	l, err := tenants.EffectiveLimits(ctx, tx)
 	if err != nil {
 		return err
@@ -226,7 +226,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		return nil, fmt.Errorf("authorizer: %w", err)
 	}
 	// This process's enqueuer is woken in-process after its commits.
-	d.DB.LocalOutbox = true
+	d.DB.MarkLocalOutbox()
 	s.Live = graph.NewLive(d.Redis, d.Cfg.RedisNamespace, graph.LiveLimits{}, d.Log.Named("live"))
 	s.Limiter = tenants.NewRateLimiter(d.Redis, d.Cfg.RedisNamespace)
 	if err := s.setupWebhooks(); err != nil {
@@ -294,7 +294,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	readyz := func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := errors.Join(d.DB.App.Ping(ctx), d.Redis.Ping(ctx).Err()); err != nil {
+		if err := errors.Join(d.DB.Ping(ctx), d.Redis.Ping(ctx).Err()); err != nil {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}

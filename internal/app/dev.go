@@ -13,6 +13,7 @@ import (
 
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -24,7 +25,7 @@ const DemoTenantName = "demo"
 // only then (it is never shown again).
 func EnsureDemoTenant(ctx context.Context, d *Deps) (uuid.UUID, string, error) {
 	var id uuid.UUID
-	err := d.DB.System.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 ORDER BY created_at LIMIT 1`, DemoTenantName).Scan(&id)
+	err := d.DB.System().QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 ORDER BY created_at LIMIT 1`, DemoTenantName).Scan(&id)
 	if err == nil {
 		return id, "", nil
 	}
@@ -169,7 +170,7 @@ func (s *Server) MountDev(tenant uuid.UUID) {
 			Run   engine.RunView    `json:"run"`
 			Tasks []engine.TaskView `json:"tasks"`
 		}
-		err = s.DB.WithTenant(r.Context(), tenant, func(ctx context.Context, tx *tenants.Tx) error {
+		err = s.DB.WithTenant(r.Context(), tenant, func(ctx context.Context, tx *pg.Tx) error {
 			var err error
 			if out.Run, err = engine.GetRun(ctx, tx, id); err != nil {
 				return err
@@ -187,7 +188,7 @@ func (s *Server) MountDev(tenant uuid.UUID) {
 
 func (s *Server) workflowID(ctx context.Context, tenant uuid.UUID, name string) (uuid.UUID, error) {
 	var id uuid.UUID
-	err := s.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := s.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		return tx.QueryRow(ctx, `SELECT id FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`, tenant, name).Scan(&id)
 	})
 	return id, err

@@ -17,6 +17,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine/taskserver"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -69,7 +70,7 @@ type Provisioned struct {
 // demo tenant.
 func ProvisionTenant(ctx context.Context, d *Deps, p tenants.CreateParams, createdBy string) (Provisioned, error) {
 	var out Provisioned
-	t, err := d.DB.Create(ctx, p, func(ctx context.Context, tx *tenants.Tx) error {
+	t, err := tenants.Create(ctx, d.DB, p, func(ctx context.Context, tx *pg.Tx) error {
 		plain, key, err := auth.Keys{}.Create(ctx, tx, "first owner key", []string{auth.ScopeAdmin}, nil, createdBy)
 		out.APIKey, out.KeyID = plain, key.KeyID
 		return err
@@ -90,7 +91,7 @@ func DevToken(ctx context.Context, d *Deps, tenant uuid.UUID, subject string, ro
 	if !role.Valid() {
 		return "", errs.E(errs.Invalid, "unknown role %q (owner, admin, developer, viewer)", role)
 	}
-	err := d.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := d.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		m, err := auth.Members{}.Get(ctx, tx, subject)
 		switch {
 		case errs.KindOf(err) == errs.NotFound:

@@ -32,6 +32,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/sdk/worker"
@@ -109,7 +110,7 @@ func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...
 	require.NoError(t, err)
 	srv, err := app.NewServer(d, app.ServerOptions{})
 	require.NoError(t, err)
-	tn, err := d.DB.Create(ctx, tenants.CreateParams{Name: "tenant-under-test", Plan: "pro", StreamShards: 2})
+	tn, err := tenants.Create(ctx, d.DB, tenants.CreateParams{Name: "tenant-under-test", Plan: "pro", StreamShards: 2})
 	require.NoError(t, err)
 	ready := make(chan string, 1)
 	done := make(chan struct{})
@@ -175,7 +176,7 @@ func (s *System) StartWorker(o WorkerOptions) (w *workers.Worker, stop func()) {
 func (s *System) APIKey(scopes ...string) string {
 	s.T.Helper()
 	var plain string
-	err := s.Deps.DB.WithTenant(context.Background(), s.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := s.Deps.DB.WithTenant(context.Background(), s.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		plain, _, err = auth.Keys{}.Create(ctx, tx, "test key", scopes, nil, "apptest")
 		return err
@@ -251,7 +252,7 @@ func (s *System) Run(id uuid.UUID) (engine.RunView, map[string]engine.TaskView) 
 	s.T.Helper()
 	var run engine.RunView
 	tasks := map[string]engine.TaskView{}
-	err := s.Deps.DB.WithTenant(context.Background(), s.Tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := s.Deps.DB.WithTenant(context.Background(), s.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		if run, err = engine.GetRun(ctx, tx, id); err != nil {
 			return err

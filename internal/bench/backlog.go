@@ -40,7 +40,7 @@ func runBacklogAtQuota(ctx context.Context, o Options, rep *Report, tasks int, h
 	if rep.Machine.CPUs == 0 {
 		rep.Machine = machine(ctx, e)
 	}
-	if err := e.deps.DB.Update(ctx, e.tenant, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 4}}); err != nil {
+	if err := tenants.Update(ctx, e.deps.DB, e.tenant, tenants.UpdateParams{Limits: &tenants.Limits{MaxRunningTasks: 4}}); err != nil {
 		return Result{}, err
 	}
 	var nodes []string
@@ -62,7 +62,7 @@ func runBacklogAtQuota(ctx context.Context, o Options, rep *Report, tasks int, h
 	// task has its message and waits only for the quota.
 	for {
 		var n int
-		if err := e.deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+		if err := e.deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
 			return Result{}, err
 		}
 		if n == 0 {
@@ -72,7 +72,7 @@ func runBacklogAtQuota(ctx context.Context, o Options, rep *Report, tasks int, h
 	}
 	count := func(q string) (int, error) {
 		var n int
-		err := e.deps.DB.System.QueryRow(ctx, q, e.tenant).Scan(&n)
+		err := e.deps.DB.System().QueryRow(ctx, q, e.tenant).Scan(&n)
 		return n, err
 	}
 	redisMemory := func() int64 {

@@ -250,7 +250,7 @@ func setupWith(ctx context.Context, opts Options, workerCfg func(*workers.Config
 	if err != nil {
 		return nil, err
 	}
-	tn, err := e.deps.DB.Create(ctx, tenants.CreateParams{Name: "bench", Plan: "enterprise", StreamShards: 4})
+	tn, err := tenants.Create(ctx, e.deps.DB, tenants.CreateParams{Name: "bench", Plan: "enterprise", StreamShards: 4})
 	if err != nil {
 		return nil, err
 	}
@@ -333,10 +333,9 @@ func (e *env) counters(ctx context.Context) (counters, error) {
 	// and otherwise up to ten seconds later; a backend that exits publishes
 	// at once. So the pools' connections are closed first (they reconnect
 	// on demand), and the statistics read a moment later are complete.
-	e.deps.DB.App.Reset()
-	e.deps.DB.System.Reset()
+	e.deps.DB.Reset()
 	time.Sleep(300 * time.Millisecond)
-	err := e.deps.DB.System.QueryRow(ctx, `SELECT xact_commit, pg_current_wal_lsn()::text FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.commits, &c.walLSN)
+	err := e.deps.DB.System().QueryRow(ctx, `SELECT xact_commit, pg_current_wal_lsn()::text FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.commits, &c.walLSN)
 	if err != nil {
 		return c, err
 	}
@@ -360,7 +359,7 @@ func (e *env) cost(ctx context.Context, before counters, steps int, r *Result) e
 		return err
 	}
 	var wal int64
-	if err := e.deps.DB.System.QueryRow(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint`, after.walLSN, before.walLSN).Scan(&wal); err != nil {
+	if err := e.deps.DB.System().QueryRow(ctx, `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint`, after.walLSN, before.walLSN).Scan(&wal); err != nil {
 		return err
 	}
 	r.CommitsPerStep = float64(after.commits-before.commits) / float64(steps)
@@ -400,7 +399,7 @@ func (r Report) Save(path string) error {
 
 func machine(ctx context.Context, e *env) Machine {
 	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
-	_ = e.deps.DB.System.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit')`).Scan(&m.PostgreSQL, &m.SyncCommit)
+	_ = e.deps.DB.System().QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit')`).Scan(&m.PostgreSQL, &m.SyncCommit)
 	if info, err := e.deps.Redis.Info(ctx, "server").Result(); err == nil {
 		for _, l := range strings.Split(info, "\n") {
 			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "redis_version:"); ok {

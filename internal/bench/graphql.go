@@ -11,7 +11,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/app"
-	"github.com/composer-dev/composer/tenants"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 // GraphQLRuns is the dashboard-listing scenario.
@@ -40,7 +40,7 @@ func runGraphQLRuns(ctx context.Context, o Options, rep *Report, n, requests int
 		return Result{}, err
 	}
 	seedStart := time.Now()
-	err = e.deps.DB.WithTenant(ctx, e.tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err = e.deps.DB.WithTenant(ctx, e.tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, created_at, finished_at)
 			SELECT $1, composer_uuidv7(now() - make_interval(secs => ($2 - g) * 0.01)),
 			       CASE WHEN g % 3 = 0 THEN $4::uuid ELSE $3::uuid END, 1,
@@ -53,7 +53,7 @@ func runGraphQLRuns(ctx context.Context, o Options, rep *Report, n, requests int
 		return Result{}, fmt.Errorf("seed runs: %w", err)
 	}
 	seed := time.Since(seedStart)
-	if _, err := e.deps.DB.System.Exec(ctx, `ANALYZE workflow_runs`); err != nil {
+	if _, err := e.deps.DB.System().Exec(ctx, `ANALYZE workflow_runs`); err != nil {
 		return Result{}, err
 	}
 	token, err := app.DevToken(ctx, e.deps, e.tenant, "bench@composer.local", auth.RoleViewer, time.Hour)

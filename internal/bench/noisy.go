@@ -58,10 +58,10 @@ func runNoisyNeighbour(ctx context.Context, o Options, rep *Report, aTasks, bRun
 	if rep.Machine.CPUs == 0 {
 		rep.Machine = machine(ctx, e)
 	}
-	if err := e.deps.DB.Update(ctx, e.tenant, tenants.UpdateParams{Plan: "pro"}); err != nil {
+	if err := tenants.Update(ctx, e.deps.DB, e.tenant, tenants.UpdateParams{Plan: "pro"}); err != nil {
 		return Result{}, err
 	}
-	a, err := e.deps.DB.Create(ctx, tenants.CreateParams{Name: "noisy", Plan: "pro", StreamShards: 4})
+	a, err := tenants.Create(ctx, e.deps.DB, tenants.CreateParams{Name: "noisy", Plan: "pro", StreamShards: 4})
 	if err != nil {
 		return Result{}, err
 	}
@@ -162,13 +162,13 @@ func runNoisyNeighbour(ctx context.Context, o Options, rep *Report, aTasks, bRun
 // backlog counts a tenant's tasks waiting for a worker.
 func (e *env) backlog(ctx context.Context, tenant uuid.UUID) (int, error) {
 	var n int
-	err := e.deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'pending'`, tenant).Scan(&n)
+	err := e.deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'pending'`, tenant).Scan(&n)
 	return n, err
 }
 
 // finishedTasks counts a tenant's completed tasks.
 func (e *env) finishedTasks(ctx context.Context, tenant uuid.UUID) (int, error) {
 	var n int
-	err := e.deps.DB.System.QueryRow(ctx, `SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'completed'`, tenant).Scan(&n)
+	err := e.deps.DB.System().QueryRow(ctx, `SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND state = 'completed'`, tenant).Scan(&n)
 	return n, err
 }

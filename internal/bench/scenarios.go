@@ -458,7 +458,7 @@ func runCeiling(ctx context.Context, o Options, rep *Report, name string, eager 
 			delTenants, delIDs = nil, nil
 			delMu.Unlock()
 			if len(ids) > 0 {
-				_, _ = e.deps.DB.System.Exec(dctx, `DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
+				_, _ = e.deps.DB.System().Exec(dctx, `DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
 					WHERE o.tenant_id = d.tenant_id AND o.id = d.id`, ts, ids)
 			}
 		}

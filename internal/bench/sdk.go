@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/sdk/worker"
-	"github.com/composer-dev/composer/tenants"
 )
 
 // Scenarios of tenant workers: the SDK over the public API.
@@ -32,7 +32,7 @@ func taskStep(int) string { return `"type":"task","task":{"handler":"step"}` }
 // apiKey creates an API key of the benchmark tenant.
 func (e *env) apiKey(ctx context.Context, scopes ...string) (string, error) {
 	var plain string
-	err := e.deps.DB.WithTenant(ctx, e.tenant, func(ctx context.Context, tx *tenants.Tx) error {
+	err := e.deps.DB.WithTenant(ctx, e.tenant, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		plain, _, err = auth.Keys{}.Create(ctx, tx, "bench", scopes, nil, "bench")
 		return err
@@ -155,7 +155,7 @@ func runSDKIdle(ctx context.Context, o Options, rep *Report, n int, window time.
 // transactions (every statement outside an explicit transaction is one).
 func (e *env) transactions(ctx context.Context) (int64, error) {
 	var n int64
-	err := e.deps.DB.System.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+	err := e.deps.DB.System().QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
 	return n, err
 }
 

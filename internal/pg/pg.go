@@ -1,0 +1,356 @@
+// Package pg is Composer's database layer: the two runtime roles' pools
+// and the transactions every query runs in.
+//
+// WithTenant runs a function in a transaction as composer_app — the role
+// bound by row-level security — with app.tenant_id set for that
+// transaction only (set_config(..., true)), so a pooled connection never
+// carries a tenant into its next use, and a query that forgets the tenant
+// sees no rows rather than another tenant's. The pools are not exported:
+// request-path SQL can only run inside such a tenant transaction (or a
+// tenant-scoped Pipeline). WithSystem and System are for the cross-tenant
+// loops only (outbox, sweeps, timers, rollups) and run as composer_system;
+// Unscoped is the one way to the app role without a tenant, for the
+// security-definer lookups that find a credential's tenant.
+//
+// A DB is safe for concurrent use.
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/lifecycle"
+)
+
+// DB holds the connection pools of the two runtime roles.
+type DB struct {
+	app    *pgxpool.Pool // composer_app (NOBYPASSRLS)
+	system *pgxpool.Pool // composer_system (BYPASSRLS)
+	// localOutbox marks this process's transactions as having an outbox
+	// enqueuer in the same process that is woken after commit, so the
+	// outbox trigger need not NOTIFY for them.
+	localOutbox bool
+}
+
+// New returns a DB over the app role's and the system role's pools.
+// localOutbox says an outbox enqueuer in this process is woken after its
+// commits (so the outbox trigger need not NOTIFY for them).
+func New(app, system *pgxpool.Pool, localOutbox bool) *DB {
+	return &DB{app: app, system: system, localOutbox: localOutbox}
+}
+
+// MarkLocalOutbox says an outbox enqueuer in this process is woken after
+// its commits, so the outbox trigger need not NOTIFY for them. Call it
+// before the DB is used.
+func (db *DB) MarkLocalOutbox() { db.localOutbox = true }
+
+// Querier runs statements outside a transaction of this package's.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// System is the system role (BYPASSRLS), for the cross-tenant loops'
+// single statements. Nothing on a request's path may use it.
+func (db *DB) System() Querier { return db.system }
+
+// Unscoped is the app role with no tenant: row-level security shows it
+// nothing but what security-definer functions hand out. It exists for the
+// lookups that find a presented credential's tenant (API keys).
+func (db *DB) Unscoped() Querier { return db.app }
+
+// Ping checks both pools reach the database.
+func (db *DB) Ping(ctx context.Context) error {
+	return errors.Join(db.app.Ping(ctx), db.system.Ping(ctx))
+}
+
+// Reset closes the pools' idle connections (the next use opens new ones).
+func (db *DB) Reset() {
+	db.app.Reset()
+	db.system.Reset()
+}
+
+// Close closes both pools.
+func (db *DB) Close() {
+	if db.app != nil {
+		db.app.Close()
+	}
+	if db.system != nil {
+		db.system.Close()
+	}
+}
+
+// Tx is a transaction plus side effects (metrics, logs, wake-ups) that must
+// happen only if it commits.
+//
+// The transaction opens lazily: BEGIN and the tenant's set_config travel in
+// the same round trip as the first statement, so a short transaction costs
+// one round trip for its work plus one for COMMIT. Results of Exec, Query,
+// QueryRow and SendBatch are exactly those of the caller's statements.
+type Tx struct {
+	// Tenant is the transaction's tenant; uuid.Nil in a system transaction.
+	Tenant      uuid.UUID
+	localOutbox bool
+	conn        *pgxpool.Conn
+	begun       bool
+	committed   bool
+	failed      bool
+	afterCommit []func()
+}
+
+// As is the transaction seen as scoped to tenant (tx.Tenant), for work a
+// system transaction does on a tenant's behalf — provisioning a tenant
+// with its first key. It shares the transaction: its statements commit or
+// roll back with tx's.
+func (t *Tx) As(tenant uuid.UUID) *Tx {
+	return &Tx{Tenant: tenant, conn: t.conn, begun: t.begun}
+}
+
+// AfterCommit registers fn to run after a successful commit, in order,
+// once the transaction's connection is back in the pool (fn must not use
+// the transaction).
+func (t *Tx) AfterCommit(fn func()) { t.afterCommit = append(t.afterCommit, fn) }
+
+const (
+	setTenantSQL      = "SELECT set_config('app.tenant_id', $1, true)"
+	setTenantLocalSQL = "SELECT set_config('app.tenant_id', $1, true), set_config('composer.local_outbox', 'on', true)"
+)
+
+// prelude returns the statements that open the transaction, once.
+func (t *Tx) prelude() []*pgx.QueuedQuery {
+	if t.begun {
+		return nil
+	}
+	t.begun = true
+	q := []*pgx.QueuedQuery{{SQL: "BEGIN"}}
+	if t.Tenant != uuid.Nil {
+		sql := setTenantSQL
+		if t.localOutbox {
+			sql = setTenantLocalSQL
+		}
+		q = append(q, &pgx.QueuedQuery{SQL: sql, Arguments: []any{t.Tenant.String()}})
+	}
+	return q
+}
+
+// send runs b after the prelude (if still due) and returns its results
+// positioned at the caller's first statement.
+func (t *Tx) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	pre := t.prelude()
+	if len(pre) == 0 {
+		return t.conn.SendBatch(ctx, b)
+	}
+	all := &pgx.Batch{QueuedQueries: append(pre, b.QueuedQueries...)}
+	br := t.conn.SendBatch(ctx, all)
+	for range pre {
+		if _, err := br.Exec(); err != nil {
+			t.failed = true
+			_ = br.Close()
+			return failedBatch{err: fmt.Errorf("open transaction: %w", err)}
+		}
+	}
+	return br
+}
+
+// CommitWith sends b followed by COMMIT in one round trip. If any statement
+// of b fails, the pipeline stops before the COMMIT and the transaction is
+// rolled back. Results are read through b's queued callbacks.
+func (t *Tx) CommitWith(ctx context.Context, b *pgx.Batch) error {
+	b.Queue("COMMIT")
+	if err := t.send(ctx, b).Close(); err != nil {
+		return err
+	}
+	if st := t.conn.Conn().PgConn().TxStatus(); st != 'I' {
+		return fmt.Errorf("commit: transaction still open (status %q)", st)
+	}
+	t.committed = true
+	return nil
+}
+
+// SendBatch sends a pipelined batch; read its results through the queued
+// callbacks or in order, then Close.
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults { return t.send(ctx, b) }
+
+// Exec runs one statement.
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.begun {
+		return t.conn.Exec(ctx, sql, args...)
+	}
+	br := t.send(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sql, Arguments: args}}})
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query runs one query; close the rows when done.
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.begun {
+		return t.conn.Query(ctx, sql, args...)
+	}
+	br := t.send(ctx, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: sql, Arguments: args}}})
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow runs a query expected to return at most one row.
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.begun {
+		return t.conn.QueryRow(ctx, sql, args...)
+	}
+	rows, err := t.Query(ctx, sql, args...)
+	if err != nil {
+		return errRow{err}
+	}
+	return rowOf{rows}
+}
+
+// batchRows closes the batch that carried the prelude with the rows.
+type batchRows struct {
+	pgx.Rows
+	br pgx.BatchResults
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	_ = r.br.Close()
+}
+
+// rowOf gives QueryRow semantics over rows (pgx's own adapter is private).
+type rowOf struct{ rows pgx.Rows }
+
+func (r rowOf) Scan(dest ...any) error {
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+type failedBatch struct{ err error }
+
+func (b failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b failedBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b failedBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b failedBatch) Close() error                     { return b.err }
+func (b failedBatch) Tx() pgx.Tx                       { return nil }
+
+// maxAttempts bounds retries of transactions that lost a deadlock or a
+// serialization conflict; those are safe to retry from the start.
+const maxAttempts = 4
+
+// WithTenant runs fn in a transaction as composer_app scoped to tenant.
+// fn may be called again if the transaction hits a deadlock or a
+// serialization failure, so it must not have effects outside the
+// transaction (use AfterCommit for those).
+func (db *DB) WithTenant(ctx context.Context, tenant uuid.UUID, fn func(ctx context.Context, tx *Tx) error) error {
+	if tenant == uuid.Nil {
+		return errs.E(errs.Unauthenticated, "no tenant")
+	}
+	return run(ctx, db.app, tenant, db.localOutbox, fn)
+}
+
+// WithSystem runs fn in a transaction as composer_system. Only the
+// cross-tenant background loops may use it.
+func (db *DB) WithSystem(ctx context.Context, fn func(ctx context.Context, tx *Tx) error) error {
+	return run(ctx, db.system, uuid.Nil, false, fn)
+}
+
+func run(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox bool, fn func(ctx context.Context, tx *Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := once(ctx, pool, tenant, localOutbox, fn)
+		if err == nil || attempt == maxAttempts || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		lifecycle.Sleep(ctx, time.Duration(attempt)*5*time.Millisecond)
+	}
+}
+
+func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox bool, fn func(ctx context.Context, tx *Tx) error) (err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire connection: %w", err)
+	}
+	tx := &Tx{Tenant: tenant, localOutbox: localOutbox, conn: conn}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			conn.Release()
+		}
+	}
+	defer func() {
+		if tx.begun && !tx.committed && err != nil {
+			// A connection left in a transaction is destroyed by the pool
+			// on release, so a failed rollback cannot leak the tenant.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		release()
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	// (Unless nothing was sent, or fn committed with its last batch.)
+	if tx.begun && !tx.committed {
+		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+			return fmt.Errorf("commit: transaction still open (status %q)", st)
+		}
+	}
+	// The after-commit hooks talk to Redis and the network, not to this
+	// transaction: the connection goes back to the pool before they run.
+	release()
+	return runHooks(tx)
+}
+
+func retryable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01")
+}
+
+func runHooks(tx *Tx) error {
+	for _, f := range tx.afterCommit {
+		f()
+	}
+	return nil
+}
+
+// Pipeline runs b as one implicit transaction scoped to tenant, in one
+// round trip: set_config and b's statements share a single Sync, so they
+// commit together or not at all. For short write paths (leases) that need
+// no decision between statements.
+func (db *DB) Pipeline(ctx context.Context, tenant uuid.UUID, b *pgx.Batch) error {
+	if tenant == uuid.Nil {
+		return errs.E(errs.Unauthenticated, "no tenant")
+	}
+	all := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: setTenantSQL, Arguments: []any{tenant.String()}}}, b.QueuedQueries...)}
+	return db.app.SendBatch(ctx, all).Close()
+}
