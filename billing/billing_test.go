@@ -443,3 +443,23 @@ func TestUsageAndInvoiceInGraphQL(t *testing.T) {
 	res = sys.GraphQL(key.CreateApiKey.Secret, `{ invoicePreview { totalCents } }`, nil)
 	assert.Equal(t, []string{"FORBIDDEN"}, res.Codes())
 }
+
+// TestEveryPlanPricesEveryMeter: the meter names the code writes are the
+// ones the plans price — a meter renamed on one side only would bill
+// nothing.
+func TestEveryPlanPricesEveryMeter(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewPG(t)
+	for _, plan := range []string{"free", "pro", "enterprise"} {
+		rows, err := env.System.Query(context.Background(), `SELECT meter FROM plan_prices WHERE plan = $1 ORDER BY meter`, plan)
+		require.NoError(t, err)
+		var priced []string
+		for rows.Next() {
+			var m string
+			require.NoError(t, rows.Scan(&m))
+			priced = append(priced, m)
+		}
+		require.NoError(t, rows.Err())
+		assert.ElementsMatch(t, billing.Meters, priced, "plan %s", plan)
+	}
+}

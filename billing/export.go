@@ -116,13 +116,7 @@ func (e *Exporter) Pass(ctx context.Context) (int, error) {
 	var events []Event
 	err := e.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		batch, events = nil, nil
-		rows, err := tx.Query(ctx, `WITH c AS (
-				SELECT tenant_id, key FROM usage_records
-				 WHERE export_state = 'pending' AND export_next_at <= now()
-				 ORDER BY export_next_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-			UPDATE usage_records u SET export_next_at = now() + make_interval(secs => $2), export_attempts = u.export_attempts + 1
-			  FROM c WHERE u.tenant_id = c.tenant_id AND u.key = c.key
-			RETURNING u.tenant_id, u.key, u.meter, u.quantity, u.recorded_at, u.export_attempts`, e.Batch, e.ClaimLease.Seconds())
+		rows, err := tx.Query(ctx, qClaimExport, e.Batch, e.ClaimLease.Seconds())
 		if err != nil {
 			return err
 		}
@@ -153,14 +147,11 @@ func (e *Exporter) Pass(ctx context.Context) (int, error) {
 			var err error
 			switch {
 			case reason == "":
-				_, err = tx.Exec(ctx, `UPDATE usage_records SET export_state = 'sent', export_next_at = NULL, export_error = NULL
-					WHERE tenant_id = $1 AND key = $2 AND export_state = 'pending'`, c.tenant, c.key)
+				_, err = tx.Exec(ctx, qExportSent, c.tenant, c.key)
 			case retry && c.attempts < e.MaxAttempts:
-				_, err = tx.Exec(ctx, `UPDATE usage_records SET export_next_at = now() + make_interval(secs => $3), export_error = $4
-					WHERE tenant_id = $1 AND key = $2 AND export_state = 'pending'`, c.tenant, c.key, e.backoff(c.attempts).Seconds(), reason)
+				_, err = tx.Exec(ctx, qExportRetry, c.tenant, c.key, e.backoff(c.attempts).Seconds(), reason)
 			default:
-				_, err = tx.Exec(ctx, `UPDATE usage_records SET export_state = 'dead', export_next_at = NULL, export_error = $3
-					WHERE tenant_id = $1 AND key = $2 AND export_state = 'pending'`, c.tenant, c.key, reason)
+				_, err = tx.Exec(ctx, qExportDead, c.tenant, c.key, reason)
 			}
 			if err != nil {
 				return err

@@ -56,15 +56,6 @@ func BilledUnit(meter string) string {
 	return "unit"
 }
 
-const insertUsage = `INSERT INTO usage_records (tenant_id, key, meter, quantity, export_state, export_next_at)
-	VALUES ($1, $2, $3, $4, $5, CASE WHEN $5 = 'pending' THEN now() END) ON CONFLICT (tenant_id, key) DO NOTHING`
-
-// insertAttempt records an attempt's two meters in one statement.
-const insertAttempt = `INSERT INTO usage_records (tenant_id, key, meter, quantity, export_state, export_next_at)
-	VALUES ($1, $2, 'steps_executed', 1, $4, CASE WHEN $4 = 'pending' THEN now() END),
-	       ($1, $3, 'step_seconds', $5, $4, CASE WHEN $4 = 'pending' THEN now() END)
-	ON CONFLICT (tenant_id, key) DO NOTHING`
-
 // Execer runs one statement (a pgx.Tx, a pg.Tx, a pool).
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -103,7 +94,7 @@ func (m Meter) Hook(t *engine.TxTransition, q engine.Queuer) {
 	if r := t.Report; r != nil {
 		id := fmt.Sprintf("%s:%d", r.Task, r.Attempt)
 		ms := max(t.Now.Sub(r.StartedAt).Milliseconds(), 0)
-		q.Queue(insertAttempt, t.Tenant, StepsExecuted+":"+id, StepSeconds+":"+id, state, ms)
+		q.Queue(insertAttempt, t.Tenant, StepsExecuted+":"+id, StepSeconds+":"+id, state, ms, StepsExecuted, StepSeconds)
 	}
 }
 

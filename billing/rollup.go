@@ -64,24 +64,16 @@ func (r *Rollup) Pass(ctx context.Context) (PassStats, error) {
 	var st PassStats
 	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		var through time.Time
-		if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1 FOR UPDATE`).Scan(&through); err != nil {
+		if err := tx.QueryRow(ctx, qLockRollup).Scan(&through); err != nil {
 			return fmt.Errorf("rollup state: %w", err)
 		}
 		from := through.Add(-lateness).Truncate(time.Hour)
-		tag, err := tx.Exec(ctx, `INSERT INTO usage_hourly (tenant_id, meter, hour, quantity)
-			SELECT tenant_id, meter, date_trunc('hour', recorded_at, 'UTC'), sum(quantity)
-			  FROM usage_records WHERE recorded_at >= $1 GROUP BY 1, 2, 3
-			ON CONFLICT (tenant_id, meter, hour) DO UPDATE SET quantity = EXCLUDED.quantity, updated_at = now()
-			 WHERE usage_hourly.quantity <> EXCLUDED.quantity`, from)
+		tag, err := tx.Exec(ctx, qRollupHourly, from)
 		if err != nil {
 			return fmt.Errorf("hourly totals: %w", err)
 		}
 		st.Hours = tag.RowsAffected()
-		tag, err = tx.Exec(ctx, `INSERT INTO usage_daily (tenant_id, meter, day, quantity)
-			SELECT tenant_id, meter, (hour AT TIME ZONE 'UTC')::date, sum(quantity)
-			  FROM usage_hourly WHERE hour >= date_trunc('day', $1::timestamptz AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' GROUP BY 1, 2, 3
-			ON CONFLICT (tenant_id, meter, day) DO UPDATE SET quantity = EXCLUDED.quantity, updated_at = now()
-			 WHERE usage_daily.quantity <> EXCLUDED.quantity`, from)
+		tag, err = tx.Exec(ctx, qRollupDaily, from)
 		if err != nil {
 			return fmt.Errorf("daily totals: %w", err)
 		}
@@ -93,9 +85,7 @@ func (r *Rollup) Pass(ctx context.Context) (PassStats, error) {
 		// spent, so deletion keeps up with any write rate.
 		if r.Retention > 0 {
 			for range maxRetentionBatches {
-				tag, err := tx.Exec(ctx, `DELETE FROM usage_records WHERE ctid = ANY(ARRAY(
-					SELECT ctid FROM usage_records WHERE recorded_at < least($1::timestamptz, now() - make_interval(secs => $2))
-					   AND export_state IN ('none', 'sent') LIMIT $3))`, from, r.Retention.Seconds(), retentionBatch)
+				tag, err := tx.Exec(ctx, qDeleteRolledUp, from, r.Retention.Seconds(), retentionBatch)
 				if err != nil {
 					return fmt.Errorf("usage retention: %w", err)
 				}
@@ -105,7 +95,7 @@ func (r *Rollup) Pass(ctx context.Context) (PassStats, error) {
 				}
 			}
 		}
-		return tx.QueryRow(ctx, `UPDATE usage_rollup_state SET through = now() WHERE id = 1 RETURNING through`).Scan(&st.Through)
+		return tx.QueryRow(ctx, qAdvanceRollup).Scan(&st.Through)
 	})
 	return st, err
 }

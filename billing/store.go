@@ -23,11 +23,9 @@ func Preview(ctx context.Context, tx *pg.Tx, period Period) (inv Invoice, asOf t
 	var spendCap int64
 	usage := map[string]int64{}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT p.name, p.currency, p.base_fee_cents, coalesce(composer_tenant_limit(t.id, 'spend_cap_cents'), 0)
-		FROM tenants t JOIN plans p ON p.name = t.plan WHERE t.id = $1`, tx.Tenant).
+	b.Queue(qPricedPlan, tx.Tenant).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&plan.Name, &plan.Currency, &plan.BaseFeeCents, &spendCap) })
-	b.Queue(`SELECT pp.meter, pp.included, pp.unit_price_micros, coalesce(pp.hard_cap, 0)
-		FROM plan_prices pp JOIN tenants t ON t.plan = pp.plan WHERE t.id = $1 ORDER BY pp.meter`, tx.Tenant).
+	b.Queue(qPlanPrices, tx.Tenant).
 		Query(func(rows pgx.Rows) error {
 			var pr Price
 			_, err := pgx.ForEachRow(rows, []any{&pr.Meter, &pr.Included, &pr.UnitPriceMicros, &pr.HardCap}, func() error {
@@ -36,11 +34,10 @@ func Preview(ctx context.Context, tx *pg.Tx, period Period) (inv Invoice, asOf t
 			})
 			return err
 		})
-	b.Queue(`SELECT through FROM usage_rollup_state WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&asOf) })
+	b.Queue(qRollupThrough).QueryRow(func(r pgx.Row) error { return r.Scan(&asOf) })
 	// Daily totals are as current as hourly ones (each rollup recomputes
 	// both) and a month has 31 of them, not 744.
-	b.Queue(`SELECT meter, sum(quantity)::bigint FROM usage_daily
-		WHERE tenant_id = $1 AND day >= $2::date AND day < $3::date GROUP BY meter`,
+	b.Queue(qDailyUsage,
 		tx.Tenant, period.Start.Format(time.DateOnly), period.End().Format(time.DateOnly)).
 		Query(func(rows pgx.Rows) error {
 			var m string
@@ -108,7 +105,7 @@ type capPass struct {
 // while a pass is remembered.
 func (c *CapCache) Check(ctx context.Context, tx *pg.Tx, now time.Time) error {
 	var through time.Time
-	if err := tx.QueryRow(ctx, `SELECT through FROM usage_rollup_state WHERE id = 1`).Scan(&through); err != nil {
+	if err := tx.QueryRow(ctx, qRollupThrough).Scan(&through); err != nil {
 		return fmt.Errorf("rollup state: %w", err)
 	}
 	c.mu.Lock()

@@ -229,8 +229,7 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 				}
 			}
 			var claimed uuid.UUID
-			err := tx.QueryRow(ctx, `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
-				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`, tenant, req.IdempotencyKey, runID, h).Scan(&claimed)
+			err := tx.QueryRow(ctx, qClaimIdempotencyKey, tenant, req.IdempotencyKey, runID, h).Scan(&claimed)
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Taken by a start that committed while we waited on the key.
 				done, err := existingRun(ctx, tx, req.IdempotencyKey, h, &out)
@@ -259,8 +258,7 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		if req.RerunOf != uuid.Nil {
 			rerunOf = &req.RerunOf
 		}
-		err = tx.QueryRow(ctx, `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent)
-			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, '')) RETURNING created_at`,
+		err = tx.QueryRow(ctx, qInsertRun,
 			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx)).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
@@ -319,9 +317,7 @@ func existingRun(ctx context.Context, tx *pg.Tx, key string, hash []byte, out *S
 	var id uuid.UUID
 	var have []byte
 	var status string
-	err := tx.QueryRow(ctx, `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
-		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
-		WHERE k.tenant_id = $1 AND k.key = $2`, tx.Tenant, key).Scan(&id, &have, &status)
+	err := tx.QueryRow(ctx, qIdempotentRun, tx.Tenant, key).Scan(&id, &have, &status)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -358,9 +354,9 @@ func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, i
 	var err error
 	switch {
 	case req.WorkflowID != uuid.Nil:
-		err = tx.QueryRow(ctx, `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`, tx.Tenant, req.WorkflowID).Scan(&id, &latest)
+		err = tx.QueryRow(ctx, qWorkflowByID, tx.Tenant, req.WorkflowID).Scan(&id, &latest)
 	case req.WorkflowName != "":
-		err = tx.QueryRow(ctx, `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`, tx.Tenant, req.WorkflowName).Scan(&id, &latest)
+		err = tx.QueryRow(ctx, qWorkflowByName, tx.Tenant, req.WorkflowName).Scan(&id, &latest)
 	default:
 		return uuid.Nil, 0, errs.E(errs.Invalid, "name a workflow by id or name")
 	}
@@ -514,14 +510,7 @@ func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report
 		next = nil
 		l := Lease{RunID: r.RunID, Attempt: 1, Acquired: true}
 		var input, config []byte
-		err := tx.QueryRow(ctx, `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
-			  FROM task_instances d, workflow_runs r
-			 WHERE d.tenant_id = $1 AND d.run_id = $2 AND d.id = $3 AND d.attempt = $4 AND d.state = 'completed'
-			   AND t.tenant_id = $1 AND t.run_id = $2 AND t.id <> d.id AND t.state = 'running' AND t.attempt = 1
-			   AND t.lease_owner = $5 AND t.started_at = d.finished_at AND t.lease_expires_at > now()
-			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
-			RETURNING t.id, t.node_id, t.node_type, coalesce(t.queue, ''), t.input, t.config, t.max_attempts, t.lease_expires_at,
-			          r.workflow_id, r.workflow_version, coalesce(r.traceparent, '')`,
+		err := tx.QueryRow(ctx, qExtendEagerLease,
 			tenant, r.RunID, r.TaskID, r.Attempt, r.LeaseOwner, r.Eager.TTL.Seconds()).Scan(&l.TaskID, &l.NodeID, &l.NodeType, &l.Queue,
 			&input, &config, &l.MaxAttempts, &l.ExpiresAt, &l.WorkflowID, &l.WorkflowVersion, &l.TraceParent)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -610,8 +599,7 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
 		var dup bool
 		var stored int
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
-				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2)`,
+		if err := tx.QueryRow(ctx, qSignalSeen,
 			tx.Tenant, runID, s.ID).Scan(&dup, &stored); err != nil {
 			return nil, fmt.Errorf("check signal: %w", err)
 		}
@@ -652,8 +640,7 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 		var kind, node string
 		var task *uuid.UUID
 		var attempt *int
-		err := tx.QueryRow(ctx, `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
-			RETURNING kind, coalesce(node_id, ''), task_id, attempt`, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt)
+		err := tx.QueryRow(ctx, qTakeTimer, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ignored("timer %d already fired", timerID)
 		}
@@ -832,12 +819,11 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, 
 	var row runRow
 	var status string
 	var input []byte
-	b.Queue(`UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
-		RETURNING workflow_id, workflow_version, status, input, now()`, tx.Tenant, runID).
+	b.Queue(qLockRun, tx.Tenant, runID).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now) })
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	row.started = map[string]time.Time{}
-	b.Queue(`SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`, tx.Tenant, runID).
+	b.Queue(qRunTasks, tx.Tenant, runID).
 		Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var id uuid.UUID
@@ -873,8 +859,7 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, 
 
 // loadSignals reads the run's signals no wait node has consumed yet.
 func loadSignals(ctx context.Context, tx *pg.Tx, runID uuid.UUID) ([]sm.Signal, error) {
-	rows, err := tx.Query(ctx, `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
-		ORDER BY created_at, id`, tx.Tenant, runID)
+	rows, err := tx.Query(ctx, qUnconsumedSignals, tx.Tenant, runID)
 	if err != nil {
 		return nil, fmt.Errorf("load signals: %w", err)
 	}

@@ -112,13 +112,7 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		if !permits[i].Granted() {
 			continue
 		}
-		b.Queue(`UPDATE task_instances t
-			   SET state = 'running', lease_owner = $5, lease_expires_at = now() + make_interval(secs => $6),
-			       started_at = now(), updated_at = now()
-			  FROM workflow_runs r
-			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'pending'
-			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
-			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`,
+		b.Queue(qAcquireLease,
 			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
 			if first := idx[r.TaskID][0]; first != i {
 				var ignored Lease // a duplicate request in the batch gets no second lease
@@ -205,12 +199,7 @@ func (c *Coordinator) ReacquireLeases(ctx context.Context, tenant uuid.UUID, own
 	b := &pgx.Batch{}
 	for i, r := range reqs {
 		out[i] = Lease{TaskID: r.TaskID}
-		b.Queue(`UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
-			  FROM workflow_runs r
-			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'running'
-			   AND t.lease_owner = $5 AND t.lease_expires_at > now()
-			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
-			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`,
+		b.Queue(qReacquireLease,
 			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
 			return scanLease(rows, r.TaskID, &out[i])
 		})
@@ -256,8 +245,7 @@ func (c *Coordinator) ReleaseLeases(ctx context.Context, tenant uuid.UUID, owner
 	}
 	b := &pgx.Batch{}
 	for _, r := range reqs {
-		b.Queue(`UPDATE task_instances SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = now()
-			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5`,
+		b.Queue(qReleaseLease,
 			tenant, r.RunID, r.TaskID, r.Attempt, owner)
 	}
 	if err := c.db.Pipeline(ctx, tenant, b); err != nil {
@@ -285,8 +273,7 @@ func (c *Coordinator) ExpireLeasesOf(ctx context.Context, tenant uuid.UUID, owne
 	}
 	var n int64
 	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
-			 WHERE tenant_id = $1 AND state = 'running' AND lease_owner = ANY($2) AND lease_expires_at > now()`, tenant, owners)
+		tag, err := tx.Exec(ctx, qExpireLeasesOf, tenant, owners)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -328,10 +315,7 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 	for i, r := range reqs {
 		// An expired lease is not renewed, even before the sweep has taken
 		// it: its quota permit has lapsed and may be another task's now.
-		b.Queue(`UPDATE task_instances SET lease_expires_at = now() + make_interval(secs => $6)
-			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
-			   AND lease_expires_at > now()
-			RETURNING lease_expires_at`, tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+		b.Queue(qRenewLease, tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
 			var exp time.Time
 			_, err := pgx.ForEachRow(rows, []any{&exp}, func() error {
 				out[i] = Renewal{TaskID: r.TaskID, Held: true, ExpiresAt: exp}
@@ -389,7 +373,7 @@ func (l *limitCache) get(ctx context.Context, tenant uuid.UUID) (int, error) {
 	}
 	var limit int
 	err := l.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		return tx.QueryRow(ctx, `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`, tenant).Scan(&limit)
+		return tx.QueryRow(ctx, qRunningLimit, tenant).Scan(&limit)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("running-task limit: %w", err)

@@ -35,13 +35,7 @@ func RegisterGauges(db *pg.DB) error {
 	}
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		var q, r, rr, aq int64
-		err := db.System().QueryRow(ctx, `SELECT
-			(SELECT count(*) FROM task_instances WHERE state = 'pending'),
-			(SELECT count(*) FROM task_instances WHERE state = 'running'),
-			(SELECT count(*) FROM workflow_runs WHERE status = 'running'),
-			(SELECT count(*) FROM (SELECT tenant_id, count(*) AS n FROM task_instances
-			    WHERE state = 'running' AND lease_expires_at > now() GROUP BY tenant_id) c
-			  WHERE c.n >= coalesce(composer_tenant_limit(c.tenant_id, 'max_running_tasks'), 2147483647))`).Scan(&q, &r, &rr, &aq)
+		err := db.System().QueryRow(ctx, qFleetGauges).Scan(&q, &r, &rr, &aq)
 		if err != nil {
 			return fmt.Errorf("fleet gauges: %w", err)
 		}

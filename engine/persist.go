@@ -50,14 +50,12 @@ type taskRef struct {
 	attempt int
 }
 
-const activeStates = `('pending', 'running', 'waiting')`
-
 // guarded queues a statement that must change exactly one row. The check
 // runs in the database (composer_guard raises CM409), so a failed guard
 // aborts the pipeline before its COMMIT.
 func (p *persister) guarded(what string, sql string, args ...any) {
 	args = append(args, what)
-	p.b.Queue(fmt.Sprintf(`WITH g AS (%s RETURNING 1) SELECT composer_guard(count(*), $%d) FROM g`, sql, len(args)), args...)
+	p.b.Queue(fmt.Sprintf(qGuard, sql, len(args)), args...)
 }
 
 // guardFailed turns a failed guard into an ignored event.
@@ -147,10 +145,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				p.next = next
 				// Input and config as stored (jsonb), byte for byte what an
 				// acquired lease of the same task would carry.
-				p.b.Queue(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
-					input, config, dispatch_at, lease_owner, lease_expires_at, started_at)
-					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())
-					RETURNING input, config`,
+				p.b.Queue(qInsertLeasedTask,
 					tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, a.MaxAttempts, jsonOrNil(a.Input), config, ref.owner, ttl.Seconds()).
 					QueryRow(func(r pgx.Row) error {
 						var in, cfg []byte
@@ -162,9 +157,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 					})
 				continue
 			}
-			p.exec(`INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
-				input, config, output, last_error, skip_reason, dispatch_at, finished_at)
-				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15)`,
+			p.exec(qInsertTask,
 				tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, string(a.State), a.MaxAttempts,
 				jsonOrNil(a.Input), config, jsonOrNil(a.Output), errJSON(a.Error), a.Reason, dispatchAt, finishedAt)
 		case sm.Dispatch:
@@ -180,48 +173,36 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				t := p.task(a.NodeID)
 				task, attempt, node = &t.id, &a.Attempt, &a.NodeID
 			}
-			p.exec(`INSERT INTO timers (tenant_id, run_id, kind, node_id, task_id, attempt, fire_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			p.exec(qInsertTimer,
 				tenant, p.runID, string(a.Kind), node, task, attempt, a.FireAt)
 		case sm.CompleteTask:
 			t := p.task(a.NodeID)
-			p.guarded("completing "+a.NodeID, `UPDATE task_instances SET state = 'completed', output = $4, lease_owner = NULL,
-				lease_expires_at = NULL, finished_at = now(), updated_at = now()
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN `+activeStates+`
-				AND ($6 = '' OR lease_owner = $6)`,
+			p.guarded("completing "+a.NodeID, qCompleteTask,
 				tenant, p.runID, t.id, []byte(a.Output), a.Attempt, ownerFor(a.TaskID))
 		case sm.RetryTask:
 			t := p.task(a.NodeID)
-			p.guarded("retrying "+a.NodeID, `UPDATE task_instances SET state = 'pending', attempt = attempt + 1, last_error = $4,
-				lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, dispatch_at = $5, updated_at = now()
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $6 AND state IN `+states(a.TaskID)+`
-				AND ($7 = '' OR lease_owner = $7)`,
+			p.guarded("retrying "+a.NodeID, fmt.Sprintf(qRetryTask, states(a.TaskID)),
 				tenant, p.runID, t.id, errJSON(&a.Error), a.NotBefore, a.Attempt, ownerFor(a.TaskID))
 			p.tasks[a.NodeID] = taskRef{id: t.id, attempt: a.Attempt + 1}
 			p.dispatch(a.NodeID, a.Attempt+1, a.NotBefore)
 		case sm.FailTask:
 			t := p.task(a.NodeID)
-			p.guarded("failing "+a.NodeID, `UPDATE task_instances SET state = 'failed', last_error = $4, lease_owner = NULL,
-				lease_expires_at = NULL, finished_at = now(), updated_at = now()
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN `+states(a.TaskID)+`
-				AND ($6 = '' OR lease_owner = $6)`,
+			p.guarded("failing "+a.NodeID, fmt.Sprintf(qFailTask, states(a.TaskID)),
 				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, ownerFor(a.TaskID))
 		case sm.CancelTask:
 			t := p.task(a.NodeID)
-			p.guarded("cancelling "+a.NodeID, `UPDATE task_instances SET state = 'cancelled', lease_owner = NULL,
-				lease_expires_at = NULL, finished_at = now(), updated_at = now()
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND state IN `+activeStates,
+			p.guarded("cancelling "+a.NodeID, qCancelTask,
 				tenant, p.runID, t.id)
 		case sm.ResetNode:
 			t := p.task(a.NodeID)
-			p.exec(`DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2 AND task_id = $3`, tenant, p.runID, t.id)
-			p.guarded("resetting "+a.NodeID, `DELETE FROM task_instances WHERE tenant_id = $1 AND run_id = $2 AND id = $3`, tenant, p.runID, t.id)
+			p.exec(qDeleteTaskTimers, tenant, p.runID, t.id)
+			p.guarded("resetting "+a.NodeID, qDeleteTask, tenant, p.runID, t.id)
 			delete(p.tasks, a.NodeID)
 		case sm.RecordSignal:
-			p.exec(`INSERT INTO run_signals (tenant_id, run_id, id, name, payload, consumed_by) VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''))`,
+			p.exec(qInsertSignal,
 				tenant, p.runID, a.Signal.ID, a.Signal.Name, jsonOrEmpty(a.Signal.Payload), a.ConsumedBy)
 		case sm.ConsumeSignal:
-			p.guarded("consuming signal "+a.SignalID, `UPDATE run_signals SET consumed_by = $4
-				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND consumed_by IS NULL`, tenant, p.runID, a.SignalID, a.NodeID)
+			p.guarded("consuming signal "+a.SignalID, qConsumeSignal, tenant, p.runID, a.SignalID, a.NodeID)
 		case sm.CompleteRun:
 			p.finishRun("completed", a.Output, nil)
 		case sm.FailRun:
@@ -229,8 +210,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		case sm.CancelRun:
 			p.finishRun("cancelled", nil, errJSON(&sm.Error{Code: sm.CodeCancelled, Message: a.Reason}))
 		case sm.ReopenRun:
-			p.guarded("reopening the run", `UPDATE workflow_runs SET status = 'running', output = NULL, error = NULL, finished_at = NULL
-				WHERE tenant_id = $1 AND id = $2 AND status IN ('failed', 'cancelled')`, tenant, p.runID)
+			p.guarded("reopening the run", qReopenRun, tenant, p.runID)
 		default:
 			return fmt.Errorf("engine: no persistence for action %T", a)
 		}
@@ -249,14 +229,14 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 	if ref.task != uuid.Nil {
 		task, attempt = &ref.task, &ref.attempt
 	}
-	p.exec(`INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`,
+	p.exec(qInsertEvent,
 		tenant, p.runID, sm.Kind(ev), eventNode(ev, ref), task, attempt, detail)
 	if p.readBack != nil {
 		// The API's answer is the run as this transaction leaves it, read
 		// in the same round trip as the COMMIT.
 		// Its failure must not fail the call: the COMMIT behind it in the
 		// pipeline has run by then. The target is left empty instead.
-		p.b.Queue(`SELECT `+runColumns+` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`, tenant, p.runID).QueryRow(func(row pgx.Row) error {
+		p.b.Queue(qReadBackRun, tenant, p.runID).QueryRow(func(row pgx.Row) error {
 			if v, err := scanRun(row); err == nil {
 				*p.readBack = v
 			}
@@ -329,8 +309,7 @@ func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 	t := p.task(node)
 	p.dispatched = true
 	handler := n.HandlerName()
-	const insert = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''), $10)`
+	const insert = qInsertOutbox
 	if p.c.opts.PublishNow == nil || notBefore.After(p.now) {
 		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent, notBefore)
 		return
@@ -348,9 +327,8 @@ func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 // finishRun writes the run's terminal state once (the status guard) and
 // drops its timers, which can no longer matter.
 func (p *persister) finishRun(status string, output, errDoc []byte) {
-	p.guarded("finishing the run", `UPDATE workflow_runs SET status = $3, output = $4, error = $5, finished_at = now(), updated_at = now()
-		WHERE tenant_id = $1 AND id = $2 AND status = 'running'`, p.tx.Tenant, p.runID, status, output, errDoc)
-	p.exec(`DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2`, p.tx.Tenant, p.runID)
+	p.guarded("finishing the run", qFinishRun, p.tx.Tenant, p.runID, status, output, errDoc)
+	p.exec(qDeleteRunTimers, p.tx.Tenant, p.runID)
 }
 
 func jsonOrNil(b json.RawMessage) []byte {

@@ -73,7 +73,7 @@ func scanRun(row pgx.Row) (RunView, error) {
 
 // GetRun reads one run in the transaction's tenant.
 func GetRun(ctx context.Context, tx *pg.Tx, id uuid.UUID) (RunView, error) {
-	r, err := scanRun(tx.QueryRow(ctx, `SELECT `+runColumns+` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id))
+	r, err := scanRun(tx.QueryRow(ctx, qGetRun, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RunView{}, errs.E(errs.NotFound, "run %s not found", id)
 	}
@@ -88,7 +88,7 @@ const taskColumns = `id, run_id, node_id, node_type, queue, config->'task'->>'ha
 
 // TasksOfRuns reads the tasks of the given runs, in creation order.
 func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, error) {
-	rows, err := tx.Query(ctx, `SELECT `+taskColumns+` FROM task_instances WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id, id`, tx.Tenant, runs)
+	rows, err := tx.Query(ctx, qTasksOfRuns, tx.Tenant, runs)
 	if err != nil {
 		return nil, fmt.Errorf("tasks of runs: %w", err)
 	}
@@ -199,8 +199,7 @@ func Timeline(ctx context.Context, tx *pg.Tx, run uuid.UUID, limit int) ([]RunEv
 	if limit < 1 || limit > 5000 {
 		return nil, errs.E(errs.Invalid, "first must be between 1 and 5000")
 	}
-	rows, err := tx.Query(ctx, `SELECT id, kind, node_id, task_id, attempt, detail, created_at FROM run_events
-		WHERE tenant_id = $1 AND run_id = $2 ORDER BY id LIMIT $3`, tx.Tenant, run, limit)
+	rows, err := tx.Query(ctx, qTimeline, tx.Tenant, run, limit)
 	if err != nil {
 		return nil, fmt.Errorf("timeline: %w", err)
 	}
@@ -231,8 +230,7 @@ func ListWorkflows(ctx context.Context, tx *pg.Tx, first int, after *string) ([]
 	if first < 1 || first > MaxPage {
 		return nil, false, errs.E(errs.Invalid, "first must be between 1 and %d", MaxPage)
 	}
-	rows, err := tx.Query(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions
-		WHERE tenant_id = $1 AND ($2::text IS NULL OR name > $2) ORDER BY name LIMIT $3`, tx.Tenant, after, first+1)
+	rows, err := tx.Query(ctx, qListWorkflows, tx.Tenant, after, first+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list workflows: %w", err)
 	}
@@ -258,7 +256,7 @@ func ListWorkflows(ctx context.Context, tx *pg.Tx, first int, after *string) ([]
 // WorkflowsByID reads workflows by id (for batched loading); missing ids
 // are absent from the map.
 func WorkflowsByID(ctx context.Context, tx *pg.Tx, ids []uuid.UUID) (map[uuid.UUID]Workflow, error) {
-	rows, err := tx.Query(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions WHERE tenant_id = $1 AND id = ANY($2)`, tx.Tenant, ids)
+	rows, err := tx.Query(ctx, qWorkflowsByID, tx.Tenant, ids)
 	if err != nil {
 		return nil, fmt.Errorf("workflows by id: %w", err)
 	}
@@ -276,7 +274,7 @@ func WorkflowsByID(ctx context.Context, tx *pg.Tx, ids []uuid.UUID) (map[uuid.UU
 
 // GetWorkflow reads one workflow.
 func GetWorkflow(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Workflow, error) {
-	w, err := scanWorkflow(tx.QueryRow(ctx, `SELECT `+workflowColumns+` FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id))
+	w, err := scanWorkflow(tx.QueryRow(ctx, qGetWorkflow, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Workflow{}, errs.E(errs.NotFound, "workflow %s not found", id)
 	}
@@ -303,9 +301,7 @@ func VersionPage(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, limit, befo
 }
 
 func versionPage(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, number, limit, before int) ([]Version, error) {
-	rows, err := tx.Query(ctx, `SELECT workflow_id, version, definition, created_at FROM workflow_versions
-		WHERE tenant_id = $1 AND workflow_id = $2 AND ($3 = 0 OR version = $3) AND ($5 = 0 OR version < $5)
-		ORDER BY version DESC LIMIT CASE WHEN $4 > 0 THEN $4 END`, tx.Tenant, workflow, number, limit, before)
+	rows, err := tx.Query(ctx, qVersionPage, tx.Tenant, workflow, number, limit, before)
 	if err != nil {
 		return nil, fmt.Errorf("versions: %w", err)
 	}
@@ -334,12 +330,7 @@ type Usage struct {
 // tasks.
 func TenantUsage(ctx context.Context, tx *pg.Tx) (Usage, error) {
 	var u Usage
-	err := tx.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'),
-		(SELECT count(*) FROM task_instances t WHERE t.tenant_id = $1 AND t.state = 'pending'
-		    AND t.run_id IN (SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running')),
-		(SELECT count(*) FROM task_instances t WHERE t.tenant_id = $1 AND t.state = 'running'
-		    AND t.run_id IN (SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'))`, tx.Tenant).
+	err := tx.QueryRow(ctx, qTenantUsage, tx.Tenant).
 		Scan(&u.RunningRuns, &u.QueuedTasks, &u.RunningTasks)
 	if err != nil {
 		return Usage{}, fmt.Errorf("tenant usage: %w", err)
@@ -354,10 +345,200 @@ func QueuedTasksAtLeast(ctx context.Context, tx *pg.Tx, n int) (bool, error) {
 		return false, nil
 	}
 	var have int
-	err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM task_instances WHERE tenant_id = $1 AND state = 'pending' LIMIT $2) q`,
+	err := tx.QueryRow(ctx, qQueuedTasksAtLeast,
 		tx.Tenant, n).Scan(&have)
 	if err != nil {
 		return false, fmt.Errorf("queued tasks: %w", err)
 	}
 	return have >= n, nil
 }
+
+// The package's SQL, named. (Statements that are assembled from
+// parameterised pieces — filters — are built next to their const parts.)
+const (
+	// coordinator
+	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
+				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
+	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent)
+			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, '')) RETURNING created_at`
+	qIdempotentRun = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
+		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
+		WHERE k.tenant_id = $1 AND k.key = $2`
+	qWorkflowByID     = `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`
+	qWorkflowByName   = `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`
+	qExtendEagerLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+			  FROM task_instances d, workflow_runs r
+			 WHERE d.tenant_id = $1 AND d.run_id = $2 AND d.id = $3 AND d.attempt = $4 AND d.state = 'completed'
+			   AND t.tenant_id = $1 AND t.run_id = $2 AND t.id <> d.id AND t.state = 'running' AND t.attempt = 1
+			   AND t.lease_owner = $5 AND t.started_at = d.finished_at AND t.lease_expires_at > now()
+			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			RETURNING t.id, t.node_id, t.node_type, coalesce(t.queue, ''), t.input, t.config, t.max_attempts, t.lease_expires_at,
+			          r.workflow_id, r.workflow_version, coalesce(r.traceparent, '')`
+	qSignalSeen = `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
+				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2)`
+	qTakeTimer = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
+			RETURNING kind, coalesce(node_id, ''), task_id, attempt`
+	qLockRun = `UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
+		RETURNING workflow_id, workflow_version, status, input, now()`
+	qRunTasks          = `SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`
+	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
+		ORDER BY created_at, id`
+	// leases
+	qAcquireLease = `UPDATE task_instances t
+			   SET state = 'running', lease_owner = $5, lease_expires_at = now() + make_interval(secs => $6),
+			       started_at = now(), updated_at = now()
+			  FROM workflow_runs r
+			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'pending'
+			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`
+	qReacquireLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+			  FROM workflow_runs r
+			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'running'
+			   AND t.lease_owner = $5 AND t.lease_expires_at > now()
+			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`
+	qReleaseLease = `UPDATE task_instances SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = now()
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5`
+	qExpireLeasesOf = `UPDATE task_instances SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
+			 WHERE tenant_id = $1 AND state = 'running' AND lease_owner = ANY($2) AND lease_expires_at > now()`
+	qRenewLease = `UPDATE task_instances SET lease_expires_at = now() + make_interval(secs => $6)
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
+			   AND lease_expires_at > now()
+			RETURNING lease_expires_at`
+	qRunningLimit = `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`
+	// metrics
+	qFleetGauges = `SELECT
+			(SELECT count(*) FROM task_instances WHERE state = 'pending'),
+			(SELECT count(*) FROM task_instances WHERE state = 'running'),
+			(SELECT count(*) FROM workflow_runs WHERE status = 'running'),
+			(SELECT count(*) FROM (SELECT tenant_id, count(*) AS n FROM task_instances
+			    WHERE state = 'running' AND lease_expires_at > now() GROUP BY tenant_id) c
+			  WHERE c.n >= coalesce(composer_tenant_limit(c.tenant_id, 'max_running_tasks'), 2147483647))`
+	// persist
+	qGuard            = `WITH g AS (%s RETURNING 1) SELECT composer_guard(count(*), $%d) FROM g`
+	qInsertLeasedTask = `INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
+					input, config, dispatch_at, lease_owner, lease_expires_at, started_at)
+					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())
+					RETURNING input, config`
+	qInsertTask = `INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
+				input, config, output, last_error, skip_reason, dispatch_at, finished_at)
+				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15)`
+	qInsertTimer  = `INSERT INTO timers (tenant_id, run_id, kind, node_id, task_id, attempt, fire_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+	qCompleteTask = `UPDATE task_instances SET state = 'completed', output = $4, lease_owner = NULL,
+				lease_expires_at = NULL, finished_at = now(), updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN ` + activeStates + `
+				AND ($6 = '' OR lease_owner = $6)`
+	// qRetryTask and qFailTask take the states the event may find its task
+	// in (%s: the active ones, or only pending for an unleased report, or
+	// only running with an expired lease for a lease expiry).
+	qRetryTask = `UPDATE task_instances SET state = 'pending', attempt = attempt + 1, last_error = $4,
+				lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, dispatch_at = $5, updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $6 AND state IN %s
+				AND ($7 = '' OR lease_owner = $7)`
+	qFailTask = `UPDATE task_instances SET state = 'failed', last_error = $4, lease_owner = NULL,
+				lease_expires_at = NULL, finished_at = now(), updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN %s
+				AND ($6 = '' OR lease_owner = $6)`
+	qCancelTask = `UPDATE task_instances SET state = 'cancelled', lease_owner = NULL,
+				lease_expires_at = NULL, finished_at = now(), updated_at = now()
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND state IN ` + activeStates
+	qDeleteTaskTimers = `DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2 AND task_id = $3`
+	qDeleteTask       = `DELETE FROM task_instances WHERE tenant_id = $1 AND run_id = $2 AND id = $3`
+	qInsertSignal     = `INSERT INTO run_signals (tenant_id, run_id, id, name, payload, consumed_by) VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''))`
+	qConsumeSignal    = `UPDATE run_signals SET consumed_by = $4
+				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND consumed_by IS NULL`
+	qReopenRun = `UPDATE workflow_runs SET status = 'running', output = NULL, error = NULL, finished_at = NULL
+				WHERE tenant_id = $1 AND id = $2 AND status IN ('failed', 'cancelled')`
+	qInsertEvent  = `INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`
+	qReadBackRun  = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
+	qInsertOutbox = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at)
+		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''), $10)`
+	qFinishRun = `UPDATE workflow_runs SET status = $3, output = $4, error = $5, finished_at = now(), updated_at = now()
+		WHERE tenant_id = $1 AND id = $2 AND status = 'running'`
+	qDeleteRunTimers = `DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2`
+	// queries
+	qGetRun      = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
+	qTasksOfRuns = `SELECT ` + taskColumns + ` FROM task_instances WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id, id`
+	qTimeline    = `SELECT id, kind, node_id, task_id, attempt, detail, created_at FROM run_events
+		WHERE tenant_id = $1 AND run_id = $2 ORDER BY id LIMIT $3`
+	qListWorkflows = `SELECT ` + workflowColumns + ` FROM workflow_definitions
+		WHERE tenant_id = $1 AND ($2::text IS NULL OR name > $2) ORDER BY name LIMIT $3`
+	qWorkflowsByID = `SELECT ` + workflowColumns + ` FROM workflow_definitions WHERE tenant_id = $1 AND id = ANY($2)`
+	qGetWorkflow   = `SELECT ` + workflowColumns + ` FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`
+	qVersionPage   = `SELECT workflow_id, version, definition, created_at FROM workflow_versions
+		WHERE tenant_id = $1 AND workflow_id = $2 AND ($3 = 0 OR version = $3) AND ($5 = 0 OR version < $5)
+		ORDER BY version DESC LIMIT CASE WHEN $4 > 0 THEN $4 END`
+	qTenantUsage = `SELECT
+		(SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'),
+		(SELECT count(*) FROM task_instances t WHERE t.tenant_id = $1 AND t.state = 'pending'
+		    AND t.run_id IN (SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running')),
+		(SELECT count(*) FROM task_instances t WHERE t.tenant_id = $1 AND t.state = 'running'
+		    AND t.run_id IN (SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'))`
+	qQueuedTasksAtLeast = `SELECT count(*) FROM (SELECT 1 FROM task_instances WHERE tenant_id = $1 AND state = 'pending' LIMIT $2) q`
+	// sweeper
+	qClaimExpiredLeases = `UPDATE task_instances t SET lease_owner = $2, updated_at = now()
+		  FROM workflow_runs r
+		 WHERE (t.tenant_id, t.run_id, t.id) IN (
+		           SELECT tenant_id, run_id, id FROM task_instances
+		            WHERE state = 'running' AND lease_expires_at < now()
+		              AND (lease_owner IS NULL OR lease_owner NOT LIKE '!sweep:%' OR updated_at < now() - make_interval(secs => $3))
+		            ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+		   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
+		RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.attempt`
+	qLostCandidates = `SELECT p.tenant_id, p.run_id, p.id, p.dispatch_at, p.updated_at FROM task_instances p
+		 WHERE p.state = 'pending'
+		   AND p.dispatch_at < now() - make_interval(secs => $1)
+		   AND p.updated_at < now() - make_interval(secs => $1)
+		   AND p.dispatch_at >= $2 AND (p.dispatch_at, p.tenant_id, p.id) > ($2, $3, $4)
+		   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.task_id = p.id)
+		 ORDER BY p.dispatch_at, p.tenant_id, p.id LIMIT $5`
+	qRedispatchLost = `
+		WITH cand AS (
+			SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::timestamptz[]) AS c(tenant_id, run_id, id, updated_at)
+		), lost AS (
+			UPDATE task_instances t SET updated_at = now(), dispatch_at = now()
+			  FROM cand c, workflow_runs r
+			 WHERE t.tenant_id = c.tenant_id AND t.run_id = c.run_id AND t.id = c.id
+			   AND t.state = 'pending' AND t.updated_at = c.updated_at
+			   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = t.tenant_id AND o.task_id = t.id)
+			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
+			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
+			          t.attempt, r.traceparent
+		), dispatched AS (
+			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent)
+			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent FROM lost
+		), timeline AS (
+			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
+			SELECT tenant_id, run_id, 'redispatched', node_id, id, attempt,
+			       jsonb_build_object('status', 'running', 'reason', 'its message was lost')
+			  FROM lost
+		)
+		SELECT count(*) FROM lost`
+	qRetryTimerSoon = `UPDATE timers SET claimed_until = now() + make_interval(secs => $3)
+		WHERE tenant_id = $1 AND id = $2`
+	qClaimDueTimers = `UPDATE timers SET claimed_until = now() + make_interval(secs => $2)
+			 WHERE (tenant_id, id) IN (
+			       SELECT tenant_id, id FROM timers
+			        WHERE fire_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
+			        ORDER BY fire_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+			RETURNING tenant_id, run_id, id`
+	qNextTimer              = `SELECT min(greatest(fire_at, coalesce(claimed_until, fire_at))) FROM timers`
+	qEnsurePartitions       = `SELECT composer_ensure_partitions(3)`
+	qDropPartitions         = `SELECT composer_drop_partitions($1)`
+	qDropOldIdempotencyKeys = `DELETE FROM run_idempotency_keys WHERE (tenant_id, key) IN (
+				SELECT tenant_id, key FROM run_idempotency_keys
+				 WHERE created_at < date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => $1)
+				 LIMIT 10000)`
+	// workflows
+	qInsertWorkflow = `INSERT INTO workflow_definitions (tenant_id, id, name, description, latest_version)
+			VALUES ($1, $2, $3, $4, 1) RETURNING created_at, updated_at`
+	qInsertVersion = `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
+			VALUES ($1, $2, 1, $3) RETURNING created_at`
+	qInsertNextVersion = `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
+			VALUES ($1, $2, $3, $4) RETURNING created_at`
+	qBumpVersion = `UPDATE workflow_definitions SET latest_version = latest_version + 1, updated_at = now()
+			WHERE tenant_id = $1 AND id = $2 RETURNING latest_version`
+	qLoadDefinition = `SELECT definition FROM workflow_versions WHERE tenant_id = $1 AND workflow_id = $2 AND version = $3`
+)
+
+const activeStates = `('pending', 'running', 'waiting')`

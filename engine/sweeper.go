@@ -172,15 +172,7 @@ func (s *Sweeper) expireLeases(ctx context.Context) (applied int, full bool, err
 	// worker id can be), so replicas sweeping at once split the work
 	// instead of each applying every lease. A claim older than two
 	// intervals (its sweeper died) may be taken again.
-	rows, err := s.db.System().Query(ctx, `UPDATE task_instances t SET lease_owner = $2, updated_at = now()
-		  FROM workflow_runs r
-		 WHERE (t.tenant_id, t.run_id, t.id) IN (
-		           SELECT tenant_id, run_id, id FROM task_instances
-		            WHERE state = 'running' AND lease_expires_at < now()
-		              AND (lease_owner IS NULL OR lease_owner NOT LIKE '!sweep:%' OR updated_at < now() - make_interval(secs => $3))
-		            ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-		   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
-		RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.attempt`, s.cfg.Batch, s.id, (2 * s.cfg.Interval).Seconds())
+	rows, err := s.db.System().Query(ctx, qClaimExpiredLeases, s.cfg.Batch, s.id, (2 * s.cfg.Interval).Seconds())
 	if err != nil {
 		return 0, false, fmt.Errorf("find expired leases: %w", err)
 	}
@@ -237,13 +229,7 @@ func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
 		updatedAt       time.Time
 	}
 	cur := s.cursor
-	rows, err := s.db.System().Query(ctx, `SELECT p.tenant_id, p.run_id, p.id, p.dispatch_at, p.updated_at FROM task_instances p
-		 WHERE p.state = 'pending'
-		   AND p.dispatch_at < now() - make_interval(secs => $1)
-		   AND p.updated_at < now() - make_interval(secs => $1)
-		   AND p.dispatch_at >= $2 AND (p.dispatch_at, p.tenant_id, p.id) > ($2, $3, $4)
-		   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = p.tenant_id AND o.task_id = p.id)
-		 ORDER BY p.dispatch_at, p.tenant_id, p.id LIMIT $5`,
+	rows, err := s.db.System().Query(ctx, qLostCandidates,
 		s.cfg.LostDispatchAge.Seconds(), cur.at, cur.tenant, cur.id, s.cfg.CheckBatch)
 	if err != nil {
 		return 0, fmt.Errorf("find waiting tasks: %w", err)
@@ -302,28 +288,7 @@ func (s *Sweeper) redispatchLost(ctx context.Context) (int64, error) {
 	// Only a task unchanged since it was read is re-dispatched: one leased,
 	// retried or dispatched meanwhile is not lost.
 	var n int64
-	err = s.db.System().QueryRow(ctx, `
-		WITH cand AS (
-			SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::timestamptz[]) AS c(tenant_id, run_id, id, updated_at)
-		), lost AS (
-			UPDATE task_instances t SET updated_at = now(), dispatch_at = now()
-			  FROM cand c, workflow_runs r
-			 WHERE t.tenant_id = c.tenant_id AND t.run_id = c.run_id AND t.id = c.id
-			   AND t.state = 'pending' AND t.updated_at = c.updated_at
-			   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = t.tenant_id AND o.task_id = t.id)
-			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
-			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
-			          t.attempt, r.traceparent
-		), dispatched AS (
-			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent)
-			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent FROM lost
-		), timeline AS (
-			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
-			SELECT tenant_id, run_id, 'redispatched', node_id, id, attempt,
-			       jsonb_build_object('status', 'running', 'reason', 'its message was lost')
-			  FROM lost
-		)
-		SELECT count(*) FROM lost`, tenantIDs, runIDs, taskIDs, updated).Scan(&n)
+	err = s.db.System().QueryRow(ctx, qRedispatchLost, tenantIDs, runIDs, taskIDs, updated).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("redispatch lost tasks: %w", err)
 	}
@@ -375,8 +340,7 @@ func (s *Sweeper) retryTimer(ctx context.Context, tenant uuid.UUID, id int64) {
 	n := s.failures[id]
 	s.failMu.Unlock()
 	delay := min(s.cfg.TimerPoll<<min(n-1, 10), s.timerClaim())
-	if _, err := s.db.System().Exec(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $3)
-		WHERE tenant_id = $1 AND id = $2`, tenant, id, delay.Seconds()); err != nil {
+	if _, err := s.db.System().Exec(ctx, qRetryTimerSoon, tenant, id, delay.Seconds()); err != nil {
 		return // the claim lapses on its own
 	}
 	s.WakeTimers()
@@ -393,12 +357,7 @@ func (s *Sweeper) timerFired(id int64) {
 // the next unclaimed timer falls due (zero when there is none).
 func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 	for {
-		rows, err := s.db.System().Query(ctx, `UPDATE timers SET claimed_until = now() + make_interval(secs => $2)
-			 WHERE (tenant_id, id) IN (
-			       SELECT tenant_id, id FROM timers
-			        WHERE fire_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
-			        ORDER BY fire_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-			RETURNING tenant_id, run_id, id`, s.cfg.Batch, s.timerClaim().Seconds())
+		rows, err := s.db.System().Query(ctx, qClaimDueTimers, s.cfg.Batch, s.timerClaim().Seconds())
 		if err != nil {
 			return time.Time{}, fmt.Errorf("claim timers: %w", err)
 		}
@@ -436,7 +395,7 @@ func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 		}
 	}
 	var next *time.Time
-	if err := s.db.System().QueryRow(ctx, `SELECT min(greatest(fire_at, coalesce(claimed_until, fire_at))) FROM timers`).Scan(&next); err != nil {
+	if err := s.db.System().QueryRow(ctx, qNextTimer).Scan(&next); err != nil {
 		return time.Time{}, fmt.Errorf("next timer: %w", err)
 	}
 	if next == nil {
@@ -462,20 +421,17 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context) {
 // retention setting, drops whole months that left it.
 func (s *Sweeper) Maintain(ctx context.Context) error {
 	var made, dropped int
-	if err := s.db.System().QueryRow(ctx, `SELECT composer_ensure_partitions(3)`).Scan(&made); err != nil {
+	if err := s.db.System().QueryRow(ctx, qEnsurePartitions).Scan(&made); err != nil {
 		return fmt.Errorf("ensure partitions: %w", err)
 	}
 	if s.cfg.RetentionMonths > 0 {
-		if err := s.db.System().QueryRow(ctx, `SELECT composer_drop_partitions($1)`, s.cfg.RetentionMonths).Scan(&dropped); err != nil {
+		if err := s.db.System().QueryRow(ctx, qDropPartitions, s.cfg.RetentionMonths).Scan(&dropped); err != nil {
 			return fmt.Errorf("drop partitions: %w", err)
 		}
 		// Idempotency keys live outside the partitions; they go with the
 		// runs they named, in bounded batches.
 		for {
-			tag, err := s.db.System().Exec(ctx, `DELETE FROM run_idempotency_keys WHERE (tenant_id, key) IN (
-				SELECT tenant_id, key FROM run_idempotency_keys
-				 WHERE created_at < date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => $1)
-				 LIMIT 10000)`, s.cfg.RetentionMonths)
+			tag, err := s.db.System().Exec(ctx, qDropOldIdempotencyKeys, s.cfg.RetentionMonths)
 			if err != nil {
 				return fmt.Errorf("expire idempotency keys: %w", err)
 			}

@@ -71,8 +71,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 	w := Workflow{ID: uuid.Must(uuid.NewV7()), Name: name, Description: description, LatestVersion: 1}
 	v := Version{WorkflowID: w.ID, Version: 1, Definition: wf.Canonical()}
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		err := tx.QueryRow(ctx, `INSERT INTO workflow_definitions (tenant_id, id, name, description, latest_version)
-			VALUES ($1, $2, $3, $4, 1) RETURNING created_at, updated_at`, tenant, w.ID, name, description).
+		err := tx.QueryRow(ctx, qInsertWorkflow, tenant, w.ID, name, description).
 			Scan(&w.CreatedAt, &w.UpdatedAt)
 		if isUniqueViolation(err) {
 			return errs.E(errs.Conflict, "a workflow named %q already exists", name)
@@ -80,8 +79,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 		if err != nil {
 			return fmt.Errorf("insert workflow: %w", err)
 		}
-		return tx.QueryRow(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
-			VALUES ($1, $2, 1, $3) RETURNING created_at`, tenant, w.ID, v.Definition).Scan(&v.CreatedAt)
+		return tx.QueryRow(ctx, qInsertVersion, tenant, w.ID, v.Definition).Scan(&v.CreatedAt)
 	})
 	if err != nil {
 		return Workflow{}, Version{}, err
@@ -97,8 +95,7 @@ func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uui
 	}
 	v := Version{WorkflowID: workflowID, Definition: wf.Canonical()}
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		err := tx.QueryRow(ctx, `UPDATE workflow_definitions SET latest_version = latest_version + 1, updated_at = now()
-			WHERE tenant_id = $1 AND id = $2 RETURNING latest_version`, tenant, workflowID).Scan(&v.Version)
+		err := tx.QueryRow(ctx, qBumpVersion, tenant, workflowID).Scan(&v.Version)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errs.E(errs.NotFound, "workflow %s not found", workflowID)
 		}
@@ -112,8 +109,7 @@ func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uui
 		if l.MaxWorkflowVersions > 0 && v.Version > l.MaxWorkflowVersions {
 			return errs.E(errs.QuotaExceeded, "a workflow may have at most %d versions on this plan; create a new workflow", l.MaxWorkflowVersions)
 		}
-		return tx.QueryRow(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition)
-			VALUES ($1, $2, $3, $4) RETURNING created_at`, tenant, workflowID, v.Version, v.Definition).Scan(&v.CreatedAt)
+		return tx.QueryRow(ctx, qInsertNextVersion, tenant, workflowID, v.Version, v.Definition).Scan(&v.CreatedAt)
 	})
 	if err != nil {
 		return Version{}, err
@@ -159,7 +155,7 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 		return c, nil
 	}
 	var raw []byte
-	err := tx.QueryRow(ctx, `SELECT definition FROM workflow_versions WHERE tenant_id = $1 AND workflow_id = $2 AND version = $3`,
+	err := tx.QueryRow(ctx, qLoadDefinition,
 		tx.Tenant, workflow, version).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errs.E(errs.NotFound, "workflow %s version %d not found", workflow, version)

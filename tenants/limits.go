@@ -88,7 +88,7 @@ func (l Limits) validate() error {
 // on top of its plan's defaults.
 func EffectiveLimits(ctx context.Context, tx *pg.Tx) (Limits, error) {
 	var own, plan []byte
-	err := tx.QueryRow(ctx, `SELECT t.limits, p.limits FROM tenants t JOIN plans p ON p.name = t.plan WHERE t.id = $1`, tx.Tenant).Scan(&own, &plan)
+	err := tx.QueryRow(ctx, qEffectiveLimits, tx.Tenant).Scan(&own, &plan)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Limits{}, errs.E(errs.NotFound, "tenant not found")
 	}
@@ -134,9 +134,7 @@ func Update(ctx context.Context, db *pg.DB, id uuid.UUID, p UpdateParams) error 
 		}
 		over, _ = json.Marshal(p.Limits)
 	}
-	tag, err := db.System().Exec(ctx, `UPDATE tenants SET plan = coalesce(NULLIF($2, ''), plan),
-		limits = coalesce($3::jsonb, limits), stream_shards = coalesce(NULLIF($4, 0), stream_shards),
-		updated_at = now() WHERE id = $1`, id, p.Plan, over, p.StreamShards)
+	tag, err := db.System().Exec(ctx, qUpdateTenant, id, p.Plan, over, p.StreamShards)
 	if isFKViolation(err) {
 		return errs.E(errs.Invalid, "no plan named %q", p.Plan)
 	}

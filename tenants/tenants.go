@@ -64,8 +64,7 @@ func Create(ctx context.Context, db *pg.DB, p CreateParams, then ...func(ctx con
 	}
 	t := Tenant{ID: uuid.Must(uuid.NewV7()), Name: p.Name, Plan: p.Plan, StreamShards: p.StreamShards}
 	err := db.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
-		err := tx.QueryRow(ctx, `INSERT INTO tenants (id, name, plan, stream_shards) VALUES ($1, $2, $3, $4)
-			RETURNING created_at`, t.ID, t.Name, t.Plan, t.StreamShards).Scan(&t.CreatedAt)
+		err := tx.QueryRow(ctx, qInsertTenant, t.ID, t.Name, t.Plan, t.StreamShards).Scan(&t.CreatedAt)
 		if isFKViolation(err) {
 			return errs.E(errs.Invalid, "no plan named %q", t.Plan)
 		}
@@ -89,7 +88,7 @@ func Create(ctx context.Context, db *pg.DB, p CreateParams, then ...func(ctx con
 // Get returns the tenant of the transaction's scope.
 func Get(ctx context.Context, tx *pg.Tx) (Tenant, error) {
 	var t Tenant
-	err := tx.QueryRow(ctx, `SELECT id, name, plan, stream_shards, created_at FROM tenants WHERE id = $1`, tx.Tenant).
+	err := tx.QueryRow(ctx, qGetTenant, tx.Tenant).
 		Scan(&t.ID, &t.Name, &t.Plan, &t.StreamShards, &t.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Tenant{}, errs.E(errs.NotFound, "tenant not found")
@@ -109,8 +108,7 @@ type Route struct {
 // Routes returns each given tenant's shard count and scheduling weight
 // (system role).
 func Routes(ctx context.Context, db *pg.DB, ids []uuid.UUID) (map[uuid.UUID]Route, error) {
-	rows, err := db.System().Query(ctx, `SELECT id, stream_shards, coalesce(composer_tenant_limit(id, 'weight'), 1)
-		FROM tenants WHERE id = ANY($1)`, ids)
+	rows, err := db.System().Query(ctx, qRoutes, ids)
 	if err != nil {
 		return nil, fmt.Errorf("tenant routes: %w", err)
 	}

@@ -69,9 +69,6 @@ type DeliveryFilter struct {
 	State      *string
 }
 
-const deliveryColumns = `d.id, d.endpoint_id, d.event_type, d.run_id, d.payload, d.state, d.next_attempt_at,
-	d.last_status, d.last_error, d.succeeded_at, d.created_at`
-
 func scanDelivery(row pgx.Row) (Delivery, error) {
 	var d Delivery
 	err := row.Scan(&d.ID, &d.EndpointID, &d.EventType, &d.RunID, &d.Payload, &d.State, &d.NextAttemptAt,
@@ -89,10 +86,7 @@ func (s Service) Deliveries(ctx context.Context, tx *pg.Tx, f DeliveryFilter, n 
 			return nil, false, errs.E(errs.Invalid, "state: unknown delivery state %q", *f.State)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries d
-		WHERE d.tenant_id = $1 AND ($2::uuid IS NULL OR d.endpoint_id = $2) AND ($3::uuid IS NULL OR d.run_id = $3)
-		  AND ($4::text IS NULL OR d.state = $4) AND ($5::uuid IS NULL OR d.id < $5)
-		ORDER BY d.id DESC LIMIT $6`, tx.Tenant, f.EndpointID, f.RunID, f.State, after, n+1)
+	rows, err := tx.Query(ctx, qDeliveries, tx.Tenant, f.EndpointID, f.RunID, f.State, after, n+1)
 	if err != nil {
 		return nil, false, fmt.Errorf("list deliveries: %w", err)
 	}
@@ -116,8 +110,7 @@ func (s Service) attachAttempts(ctx context.Context, tx *pg.Tx, ds []Delivery) e
 	for i, d := range ds {
 		ids[i], at[d.ID] = d.ID, i
 	}
-	rows, err := tx.Query(ctx, `SELECT delivery_id, attempt, started_at, latency_ms, status_code, error, response_body
-		FROM webhook_attempts WHERE tenant_id = $1 AND delivery_id = ANY($2) ORDER BY delivery_id, attempt`, tx.Tenant, ids)
+	rows, err := tx.Query(ctx, qAttemptsOf, tx.Tenant, ids)
 	if err != nil {
 		return fmt.Errorf("list attempts: %w", err)
 	}
@@ -135,7 +128,7 @@ func (s Service) attachAttempts(ctx context.Context, tx *pg.Tx, ds []Delivery) e
 
 // Delivery returns one delivery with its attempts, or NOT_FOUND.
 func (s Service) Delivery(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Delivery, error) {
-	d, err := scanDelivery(tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM webhook_deliveries d WHERE d.tenant_id = $1 AND d.id = $2`, tx.Tenant, id))
+	d, err := scanDelivery(tx.QueryRow(ctx, qDelivery, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, errs.E(errs.NotFound, "webhook delivery %s not found", id)
 	}
@@ -152,8 +145,7 @@ func (s Service) Delivery(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Deliver
 // enabled.
 func (s Service) Redeliver(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Delivery, error) {
 	var enabled bool
-	err := tx.QueryRow(ctx, `SELECT e.enabled FROM webhook_deliveries d JOIN webhook_endpoints e
-		ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id WHERE d.tenant_id = $1 AND d.id = $2`, tx.Tenant, id).Scan(&enabled)
+	err := tx.QueryRow(ctx, qEndpointOfDelivery, tx.Tenant, id).Scan(&enabled)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Delivery{}, errs.E(errs.NotFound, "webhook delivery %s not found", id)
 	}
@@ -166,8 +158,7 @@ func (s Service) Redeliver(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Delive
 	// An attempt in flight keeps its claim lease: its outcome counts (a
 	// success satisfies the redelivery; a failure retries from the start
 	// of the schedule).
-	if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET state = CASE WHEN state IN ('succeeded', 'dead') THEN 'pending' ELSE state END,
-		retry_step = 0, next_attempt_at = `+dueNowUnlessClaimed+`, updated_at = now() WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id); err != nil {
+	if _, err := tx.Exec(ctx, qRedeliver, tx.Tenant, id); err != nil {
 		return Delivery{}, fmt.Errorf("redeliver: %w", err)
 	}
 	return s.Delivery(ctx, tx, id)
@@ -183,8 +174,7 @@ func (s Service) Ping(ctx context.Context, tx *pg.Tx, endpoint uuid.UUID, now ti
 		return Delivery{}, err
 	}
 	var recent int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_deliveries WHERE tenant_id = $1 AND endpoint_id = $2 AND event_type = $3
-		AND id >= composer_uuid_floor(now() - interval '1 hour')`, tx.Tenant, endpoint, EventTest).Scan(&recent); err != nil {
+	if err := tx.QueryRow(ctx, qRecentPings, tx.Tenant, endpoint, EventTest).Scan(&recent); err != nil {
 		return Delivery{}, fmt.Errorf("count pings: %w", err)
 	}
 	if recent >= MaxPingsPerHour {
@@ -197,8 +187,7 @@ func (s Service) Ping(ctx context.Context, tx *pg.Tx, endpoint uuid.UUID, now ti
 	if err != nil {
 		return Delivery{}, err
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO webhook_deliveries (tenant_id, id, endpoint_id, event_type, payload)
-		VALUES ($1, $2, $3, $4, $5)`, tx.Tenant, id, endpoint, EventTest, string(body)); err != nil {
+	if _, err := tx.Exec(ctx, qInsertPing, tx.Tenant, id, endpoint, EventTest, string(body)); err != nil {
 		return Delivery{}, fmt.Errorf("queue ping: %w", err)
 	}
 	return s.Delivery(ctx, tx, id)

@@ -196,11 +196,11 @@ func (s Service) Create(ctx context.Context, tx *pg.Tx, p CreateParams) (Endpoin
 	}
 	// Serialise creates per tenant so the endpoint limit holds (the count
 	// is a later statement, so its snapshot sees creates that held the lock).
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('webhook_endpoints:' || $1::uuid::text, 0))`, tx.Tenant); err != nil {
+	if _, err := tx.Exec(ctx, qLockTenantEndpoints, tx.Tenant); err != nil {
 		return Endpoint{}, "", fmt.Errorf("lock endpoints: %w", err)
 	}
 	var n int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE tenant_id = $1`, tx.Tenant).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, qCountEndpoints, tx.Tenant).Scan(&n); err != nil {
 		return Endpoint{}, "", fmt.Errorf("count endpoints: %w", err)
 	}
 	l, err := tenants.EffectiveLimits(ctx, tx)
@@ -211,8 +211,7 @@ func (s Service) Create(ctx context.Context, tx *pg.Tx, p CreateParams) (Endpoin
 		return Endpoint{}, "", errs.E(errs.QuotaExceeded, "a tenant may have at most %d webhook endpoints on its plan", max)
 	}
 	id := uuid.Must(uuid.NewV7())
-	if _, err := tx.Exec(ctx, `INSERT INTO webhook_endpoints (tenant_id, id, url, description, event_types, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6)`, tx.Tenant, id, u, p.Description, types, p.CreatedBy); err != nil {
+	if _, err := tx.Exec(ctx, qInsertEndpoint, tx.Tenant, id, u, p.Description, types, p.CreatedBy); err != nil {
 		return Endpoint{}, "", fmt.Errorf("insert endpoint: %w", err)
 	}
 	secret, err := s.addSecret(ctx, tx, id)
@@ -226,7 +225,7 @@ func (s Service) Create(ctx context.Context, tx *pg.Tx, p CreateParams) (Endpoin
 func (s Service) addSecret(ctx context.Context, tx *pg.Tx, endpoint uuid.UUID) (string, error) {
 	secret, key := webhook.NewSecret()
 	sid := uuid.Must(uuid.NewV7())
-	if _, err := tx.Exec(ctx, `INSERT INTO webhook_secrets (tenant_id, endpoint_id, id, ciphertext) VALUES ($1, $2, $3, $4)`,
+	if _, err := tx.Exec(ctx, qInsertSecret,
 		tx.Tenant, endpoint, sid, s.Keys.Seal(key, tx.Tenant, endpoint, sid)); err != nil {
 		return "", fmt.Errorf("insert secret: %w", err)
 	}
@@ -252,12 +251,11 @@ func (s Service) Rotate(ctx context.Context, tx *pg.Tx, id uuid.UUID, grace time
 	// At most two secrets live: drop every rotated-out one (a rotation
 	// during another's grace period ends that grace), end the current
 	// one's life after grace, add a new one.
-	if _, err := tx.Exec(ctx, `DELETE FROM webhook_secrets WHERE tenant_id = $1 AND endpoint_id = $2 AND expires_at IS NOT NULL`,
+	if _, err := tx.Exec(ctx, qDropExpiredSecrets,
 		tx.Tenant, id); err != nil {
 		return Endpoint{}, "", fmt.Errorf("drop expired secrets: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE webhook_secrets SET expires_at = now() + make_interval(secs => $3)
-		WHERE tenant_id = $1 AND endpoint_id = $2 AND expires_at IS NULL`, tx.Tenant, id, grace.Seconds()); err != nil {
+	if _, err := tx.Exec(ctx, qExpireSecrets, tx.Tenant, id, grace.Seconds()); err != nil {
 		return Endpoint{}, "", fmt.Errorf("expire secret: %w", err)
 	}
 	secret, err := s.addSecret(ctx, tx, id)
@@ -271,7 +269,7 @@ func (s Service) Rotate(ctx context.Context, tx *pg.Tx, id uuid.UUID, grace time
 // lock takes the endpoint's row lock, or answers NOT_FOUND.
 func (s Service) lock(ctx context.Context, tx *pg.Tx, id uuid.UUID) error {
 	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM webhook_endpoints WHERE tenant_id = $1 AND id = $2 FOR UPDATE`, tx.Tenant, id).Scan(&one)
+	err := tx.QueryRow(ctx, qLockEndpoint, tx.Tenant, id).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return errs.E(errs.NotFound, "webhook endpoint %s not found", id)
 	}
@@ -307,8 +305,7 @@ func (s Service) Update(ctx context.Context, tx *pg.Tx, id uuid.UUID, p UpdatePa
 	if err := s.lock(ctx, tx, id); err != nil {
 		return Endpoint{}, err
 	}
-	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET url = coalesce($3, url), description = coalesce($4, description),
-		event_types = coalesce($5, event_types), updated_at = now() WHERE tenant_id = $1 AND id = $2`,
+	if _, err := tx.Exec(ctx, qUpdateEndpoint,
 		tx.Tenant, id, u, p.Description, types); err != nil {
 		return Endpoint{}, fmt.Errorf("update endpoint: %w", err)
 	}
@@ -327,12 +324,10 @@ func (s Service) Update(ctx context.Context, tx *pg.Tx, id uuid.UUID, p UpdatePa
 // reason.
 func SetEnabled(ctx context.Context, tx *pg.Tx, tenant, id uuid.UUID, enabled bool, reason string) error {
 	if enabled {
-		if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = true, disabled_at = NULL, disabled_reason = NULL,
-			failing_since = NULL, updated_at = now() WHERE tenant_id = $1 AND id = $2 AND NOT enabled`, tenant, id); err != nil {
+		if _, err := tx.Exec(ctx, qEnableEndpoint, tenant, id); err != nil {
 			return fmt.Errorf("enable endpoint: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = now(), updated_at = now()
-			WHERE tenant_id = $1 AND endpoint_id = $2 AND state IN ('pending', 'failed') AND next_attempt_at IS NULL AND claim IS NULL`, tenant, id); err != nil {
+		if _, err := tx.Exec(ctx, qResumeDeliveries, tenant, id); err != nil {
 			return fmt.Errorf("resume deliveries: %w", err)
 		}
 		return nil
@@ -340,13 +335,10 @@ func SetEnabled(ctx context.Context, tx *pg.Tx, tenant, id uuid.UUID, enabled bo
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET enabled = false, disabled_at = now(), disabled_reason = $3,
-		updated_at = now() WHERE tenant_id = $1 AND id = $2 AND enabled`, tenant, id, reason); err != nil {
+	if _, err := tx.Exec(ctx, qDisableEndpoint, tenant, id, reason); err != nil {
 		return fmt.Errorf("disable endpoint: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE webhook_deliveries SET next_attempt_at = NULL, updated_at = now()
-		WHERE tenant_id = $1 AND endpoint_id = $2 AND state IN ('pending', 'failed') AND next_attempt_at IS NOT NULL
-		  AND claim IS NULL AND event_type <> 'webhook.test'`, tenant, id); err != nil {
+	if _, err := tx.Exec(ctx, qPauseDeliveries, tenant, id); err != nil {
 		return fmt.Errorf("pause deliveries: %w", err)
 	}
 	return nil
@@ -354,7 +346,7 @@ func SetEnabled(ctx context.Context, tx *pg.Tx, tenant, id uuid.UUID, enabled bo
 
 // Delete removes an endpoint with its secrets and delivery history.
 func (s Service) Delete(ctx context.Context, tx *pg.Tx, id uuid.UUID) error {
-	tag, err := tx.Exec(ctx, `DELETE FROM webhook_endpoints WHERE tenant_id = $1 AND id = $2`, tx.Tenant, id)
+	tag, err := tx.Exec(ctx, qDeleteEndpoint, tx.Tenant, id)
 	if err != nil {
 		return fmt.Errorf("delete endpoint: %w", err)
 	}
@@ -363,15 +355,6 @@ func (s Service) Delete(ctx context.Context, tx *pg.Tx, id uuid.UUID) error {
 	}
 	return nil
 }
-
-const endpointColumns = `e.id, e.url, e.description, e.event_types, e.enabled, e.disabled_reason, e.disabled_at,
-	e.failing_since, e.last_success_at, e.created_by, e.created_at, e.updated_at,
-	coalesce((SELECT array_agg(s.id ORDER BY s.id) FROM webhook_secrets s
-	  WHERE s.tenant_id = e.tenant_id AND s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())), '{}'),
-	coalesce((SELECT array_agg(s.created_at ORDER BY s.id) FROM webhook_secrets s
-	  WHERE s.tenant_id = e.tenant_id AND s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())), '{}'),
-	coalesce((SELECT array_agg(s.expires_at ORDER BY s.id) FROM webhook_secrets s
-	  WHERE s.tenant_id = e.tenant_id AND s.endpoint_id = e.id AND (s.expires_at IS NULL OR s.expires_at > now())), '{}')`
 
 func scanEndpoint(row pgx.Row) (Endpoint, error) {
 	var e Endpoint
@@ -388,7 +371,7 @@ func scanEndpoint(row pgx.Row) (Endpoint, error) {
 
 // Get returns one endpoint, or NOT_FOUND.
 func (s Service) Get(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Endpoint, error) {
-	e, err := scanEndpoint(tx.QueryRow(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints e WHERE e.tenant_id = $1 AND e.id = $2`, tx.Tenant, id))
+	e, err := scanEndpoint(tx.QueryRow(ctx, qGetEndpoint, tx.Tenant, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Endpoint{}, errs.E(errs.NotFound, "webhook endpoint %s not found", id)
 	}
@@ -400,7 +383,7 @@ func (s Service) Get(ctx context.Context, tx *pg.Tx, id uuid.UUID) (Endpoint, er
 
 // List returns the tenant's endpoints, oldest first.
 func (s Service) List(ctx context.Context, tx *pg.Tx) ([]Endpoint, error) {
-	rows, err := tx.Query(ctx, `SELECT `+endpointColumns+` FROM webhook_endpoints e WHERE e.tenant_id = $1 ORDER BY e.id`, tx.Tenant)
+	rows, err := tx.Query(ctx, qListEndpoints, tx.Tenant)
 	if err != nil {
 		return nil, fmt.Errorf("list endpoints: %w", err)
 	}

@@ -12,22 +12,6 @@ import (
 // the API.
 const MaxOutputBytes = 64 << 10
 
-// enqueue inserts one delivery per enabled endpoint subscribed to the
-// event, in the transition's transaction. The payload is built here, once
-// per endpoint row, and stored as text: every attempt sends these bytes.
-const enqueue = `INSERT INTO webhook_deliveries (tenant_id, id, endpoint_id, event_type, run_id, payload)
-SELECT e.tenant_id, composer_uuidv7(), e.id, $2, $3, json_build_object(
-    'type', $2::text,
-    'timestamp', $7::timestamptz,
-    'data', json_build_object(
-        'run_id', $3::uuid, 'workflow', w.name, 'workflow_id', $4::uuid, 'workflow_version', $5::int,
-        'status', $6::text, 'output', $8::jsonb, 'output_truncated', $9::bool, 'error', $10::jsonb,
-        'started_at', r.created_at, 'finished_at', $7::timestamptz))::text
-  FROM webhook_endpoints e
-  LEFT JOIN workflow_runs r ON r.tenant_id = $1 AND r.id = $3
-  LEFT JOIN workflow_definitions w ON w.tenant_id = $1 AND w.id = $4
- WHERE e.tenant_id = $1 AND e.enabled AND $2 = ANY (e.event_types)`
-
 // EventType is the webhook event of a terminal run status ("" if none).
 func EventType(s sm.RunStatus) string {
 	switch s {

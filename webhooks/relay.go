@@ -271,24 +271,7 @@ func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([
 		out = out[:0]
 		// Candidates are ranked per tenant without locks (window functions
 		// and FOR UPDATE do not mix), then locked with SKIP LOCKED.
-		rows, err := tx.Query(ctx, `WITH cand AS (
-			SELECT tenant_id, id FROM (
-			    SELECT d.tenant_id, d.id, d.next_attempt_at,
-			           row_number() OVER (PARTITION BY d.tenant_id ORDER BY d.next_attempt_at) AS rank
-			      FROM webhook_deliveries d
-			      JOIN webhook_endpoints e ON e.tenant_id = d.tenant_id AND e.id = d.endpoint_id
-			     WHERE d.next_attempt_at <= now() AND (e.enabled OR d.event_type = 'webhook.test')
-			     ORDER BY d.next_attempt_at LIMIT $1 * 4) c
-			  LEFT JOIN unnest($4::uuid[], $5::int[]) AS f (tenant_id, n) USING (tenant_id)
-			 WHERE rank <= $3 - coalesce(f.n, 0) ORDER BY next_attempt_at LIMIT $1),
-		due AS (
-			SELECT d.tenant_id, d.id FROM webhook_deliveries d JOIN cand USING (tenant_id, id)
-			 WHERE d.next_attempt_at <= now() FOR UPDATE OF d SKIP LOCKED)
-			UPDATE webhook_deliveries d SET claim = gen_random_uuid(), attempts = d.attempts + 1,
-			       next_attempt_at = now() + make_interval(secs => $2), last_attempt_at = now(), updated_at = now()
-			  FROM due WHERE d.tenant_id = due.tenant_id AND d.id = due.id
-			RETURNING d.tenant_id, d.id, d.endpoint_id, d.event_type, d.payload, d.attempts, d.claim,
-			          (SELECT url FROM webhook_endpoints e WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id)`,
+		rows, err := tx.Query(ctx, qClaimDeliveries,
 			n, r.ClaimLease.Seconds(), r.PerTenant, flightTenants, flightCounts)
 		if err != nil {
 			return fmt.Errorf("claim deliveries: %w", err)
@@ -314,17 +297,11 @@ func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([
 			tenantIDs[i], ids[i], attempts[i], endpoints[i] = c.tenant, c.id, c.attempt, c.endpoint
 		}
 		// The attempt is logged as lost until its outcome replaces that.
-		if _, err := tx.Exec(ctx, `INSERT INTO webhook_attempts (tenant_id, delivery_id, attempt, started_at, error)
-			SELECT t, d, a, now(), 'no outcome: the relay stopped during the attempt'
-			  FROM unnest($1::uuid[], $2::uuid[], $3::int[]) AS x (t, d, a)
-			ON CONFLICT DO NOTHING`, tenantIDs, ids, attempts); err != nil {
+		if _, err := tx.Exec(ctx, qInsertAttempt, tenantIDs, ids, attempts); err != nil {
 			return fmt.Errorf("log attempts: %w", err)
 		}
 		// Secrets valid now, the current (newest) first.
-		rows, err = tx.Query(ctx, `SELECT s.tenant_id, s.endpoint_id, s.id, s.ciphertext FROM webhook_secrets s
-			 WHERE (s.tenant_id, s.endpoint_id) IN (SELECT * FROM unnest($1::uuid[], $2::uuid[]))
-			   AND (s.expires_at IS NULL OR s.expires_at > now())
-			 ORDER BY s.id DESC`, tenantIDs, endpoints)
+		rows, err = tx.Query(ctx, qSecretsOf, tenantIDs, endpoints)
 		if err != nil {
 			return fmt.Errorf("read secrets: %w", err)
 		}
@@ -437,15 +414,14 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 		if o.err != "" {
 			errText = &o.err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE webhook_attempts SET latency_ms = $4, status_code = $5, error = $6, response_body = $7
-			WHERE tenant_id = $1 AND delivery_id = $2 AND attempt = $3`,
+		if _, err := tx.Exec(ctx, qRecordAttempt,
 			c.tenant, c.id, c.attempt, o.latencyMs, o.status, errText, o.body); err != nil {
 			return fmt.Errorf("record attempt: %w", err)
 		}
 		// The schedule position is the row's, read under the claim: a
 		// redelivery requested while this attempt was in flight reset it.
 		var step int
-		err := tx.QueryRow(ctx, `SELECT retry_step FROM webhook_deliveries WHERE tenant_id = $1 AND id = $2 AND claim = $3 FOR UPDATE`,
+		err := tx.QueryRow(ctx, qRetryStep,
 			c.tenant, c.id, c.claim).Scan(&step)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil // the claim was taken over (its holder records), or the endpoint was deleted
@@ -468,13 +444,7 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 				state = StateDead
 			}
 		}
-		tag, err := tx.Exec(ctx, `UPDATE webhook_deliveries d SET state = $4, claim = NULL,
-			retry_step = CASE WHEN $4 = 'succeeded' THEN d.retry_step ELSE d.retry_step + 1 END,
-			next_attempt_at = CASE WHEN $4 = 'failed' AND (SELECT enabled FROM webhook_endpoints e
-			    WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id) THEN now() + make_interval(secs => $5) END,
-			last_status = $6, last_error = $7, succeeded_at = CASE WHEN $4 = 'succeeded' THEN now() ELSE d.succeeded_at END,
-			updated_at = now()
-			WHERE d.tenant_id = $1 AND d.id = $2 AND d.claim = $3`,
+		tag, err := tx.Exec(ctx, qSettleDelivery,
 			c.tenant, c.id, c.claim, state, wait.Seconds(), o.status, errText)
 		if err != nil {
 			return fmt.Errorf("record delivery: %w", err)
@@ -483,17 +453,14 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 			return nil // pings do not touch endpoint health
 		}
 		if o.ok {
-			if _, err := tx.Exec(ctx, `UPDATE webhook_endpoints SET failing_since = NULL, last_success_at = now()
-				WHERE tenant_id = $1 AND id = $2`, c.tenant, c.endpoint); err != nil {
+			if _, err := tx.Exec(ctx, qEndpointSucceeded, c.tenant, c.endpoint); err != nil {
 				return fmt.Errorf("endpoint health: %w", err)
 			}
 			return r.Meter.Record(ctx, tx, c.tenant, billing.WebhookDeliveries, c.id.String(), 1)
 		}
 		var enabled, tooLong bool
 		var since time.Time
-		if err := tx.QueryRow(ctx, `UPDATE webhook_endpoints SET failing_since = coalesce(failing_since, now())
-			WHERE tenant_id = $1 AND id = $2
-			RETURNING enabled, failing_since, failing_since < now() - make_interval(secs => $3)`,
+		if err := tx.QueryRow(ctx, qEndpointFailing,
 			c.tenant, c.endpoint, r.DisableAfter.Seconds()).Scan(&enabled, &since, &tooLong); err != nil {
 			return fmt.Errorf("endpoint health: %w", err)
 		}
@@ -514,9 +481,7 @@ func (r *Relay) applyRetention(ctx context.Context) error {
 	for range 100 {
 		var n int64
 		err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
-			tag, err := tx.Exec(ctx, `DELETE FROM webhook_deliveries WHERE ctid = ANY(ARRAY(
-				SELECT ctid FROM webhook_deliveries WHERE created_at < now() - make_interval(secs => $1)
-				   AND state IN ('succeeded', 'dead') LIMIT 10000))`, r.Retention.Seconds())
+			tag, err := tx.Exec(ctx, qDeliveryRetention, r.Retention.Seconds())
 			n = tag.RowsAffected()
 			return err
 		})

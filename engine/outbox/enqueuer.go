@@ -222,7 +222,7 @@ func (e *Enqueuer) Drain(ctx context.Context) (time.Time, error) {
 		}
 	}
 	var next *time.Time
-	if err := e.db.System().QueryRow(ctx, `SELECT min(next_attempt_at) FROM outbox`).Scan(&next); err != nil {
+	if err := e.db.System().QueryRow(ctx, qNextDue).Scan(&next); err != nil {
 		return time.Time{}, fmt.Errorf("next due outbox row: %w", err)
 	}
 	if next == nil {
@@ -249,11 +249,7 @@ func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 	var claimed int
 	err := e.db.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		claimed = 0
-		rows, err := tx.Query(ctx, `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
-				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
-				coalesce(handler, ''), coalesce(attempt, 0), coalesce(traceparent, ''), attempts
-			  FROM outbox WHERE next_attempt_at <= now()
-			 ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED`, e.cfg.BatchSize)
+		rows, err := tx.Query(ctx, qClaimDue, e.cfg.BatchSize)
 		if err != nil {
 			return fmt.Errorf("claim outbox rows: %w", err)
 		}
@@ -368,22 +364,18 @@ func (e *Enqueuer) settle(ctx context.Context, tx *pg.Tx, batch []row, failed ma
 			continue
 		}
 		if r.attempts+1 >= e.cfg.MaxAttempts {
-			b.Queue(`WITH gone AS (DELETE FROM outbox WHERE tenant_id = $1 AND id = $2 RETURNING *)
-				INSERT INTO outbox_dead_letters (tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, handler, attempt, payload, attempts, last_error, created_at)
-				SELECT tenant_id, id, topic, queue, run_id, task_id, node_id, node_type, handler, attempt, payload, attempts + 1, $3, created_at FROM gone`,
+			b.Queue(qDeadLetter,
 				r.tenant, r.id, err.Error())
 			e.log.Error("outbox row dead-lettered", zap.Stringer("tenant_id", r.tenant), zap.Int64("outbox_id", r.id),
 				zap.Stringer("task_id", r.task), zap.Int("attempts", r.attempts+1), zap.Error(err))
 			continue
 		}
 		delay := Backoff(e.cfg.BaseBackoff, e.cfg.MaxBackoff, r.attempts+1)
-		b.Queue(`UPDATE outbox SET attempts = attempts + 1, last_error = $3, next_attempt_at = now() + make_interval(secs => $4)
-			WHERE tenant_id = $1 AND id = $2`, r.tenant, r.id, err.Error(), delay.Seconds())
+		b.Queue(qRetryLater, r.tenant, r.id, err.Error(), delay.Seconds())
 		e.log.Warn("outbox publish failed; will retry", zap.Int64("outbox_id", r.id), zap.Duration("in", delay), zap.Error(err))
 	}
 	if len(okIDs) > 0 {
-		b.Queue(`DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
-			WHERE o.tenant_id = d.tenant_id AND o.id = d.id`, okTenants, okIDs)
+		b.Queue(qDeletePublished, okTenants, okIDs)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("settle outbox batch: %w", err)
@@ -564,8 +556,7 @@ func (e *Enqueuer) flushDeletes(ctx context.Context) {
 		if len(ids) == 0 {
 			return
 		}
-		_, err := e.db.System().Exec(ctx, `DELETE FROM outbox o USING unnest($1::uuid[], $2::bigint[]) AS d(tenant_id, id)
-			WHERE o.tenant_id = d.tenant_id AND o.id = d.id`, tenants, ids)
+		_, err := e.db.System().Exec(ctx, qDeletePublished, tenants, ids)
 		if err != nil {
 			// Left in place, they are published again after the grace
 			// period: duplicates, which leases absorb.

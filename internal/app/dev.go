@@ -25,7 +25,7 @@ const DemoTenantName = "demo"
 // only then (it is never shown again).
 func EnsureDemoTenant(ctx context.Context, d *Deps) (uuid.UUID, string, error) {
 	var id uuid.UUID
-	err := d.DB.System().QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 ORDER BY created_at LIMIT 1`, DemoTenantName).Scan(&id)
+	err := d.DB.System().QueryRow(ctx, qDemoTenant, DemoTenantName).Scan(&id)
 	if err == nil {
 		return id, "", nil
 	}
@@ -189,7 +189,7 @@ func (s *Server) MountDev(tenant uuid.UUID) {
 func (s *Server) workflowID(ctx context.Context, tenant uuid.UUID, name string) (uuid.UUID, error) {
 	var id uuid.UUID
 	err := s.DB.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		return tx.QueryRow(ctx, `SELECT id FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`, tenant, name).Scan(&id)
+		return tx.QueryRow(ctx, qWorkflowIDByName, tenant, name).Scan(&id)
 	})
 	return id, err
 }
