@@ -7,6 +7,10 @@
 # Environment (all optional):
 #   COMPOSER_PG_HOST / COMPOSER_PG_PORT      default 127.0.0.1 / 5432
 #   COMPOSER_REDIS_PORT                      default 6379
+#   COMPOSER_REDIS_CLUSTER_PORTS             ports of the local test Redis Cluster, three masters
+#                                            then their three replicas (default 7101 ... 7106);
+#                                            "none" starts no cluster
+#   COMPOSER_REDIS_CLUSTER_DIR               its working directory (default /tmp/composer-redis-cluster)
 #   COMPOSER_DB_NAME                         default composer
 #   COMPOSER_ROLE_PASSWORD                   development password of the three roles (default composer)
 set -euo pipefail
@@ -14,6 +18,8 @@ set -euo pipefail
 PG_HOST=${COMPOSER_PG_HOST:-127.0.0.1}
 PG_PORT=${COMPOSER_PG_PORT:-5432}
 REDIS_PORT=${COMPOSER_REDIS_PORT:-6379}
+CLUSTER_PORTS=${COMPOSER_REDIS_CLUSTER_PORTS:-7101 7102 7103 7104 7105 7106}
+CLUSTER_DIR=${COMPOSER_REDIS_CLUSTER_DIR:-/tmp/composer-redis-cluster}
 DB_NAME=${COMPOSER_DB_NAME:-composer}
 ROLE_PASSWORD=${COMPOSER_ROLE_PASSWORD:-composer}
 
@@ -104,6 +110,61 @@ ensure_redis() {
   log "Redis did not become ready"; return 1
 }
 
+# --- Redis Cluster (for `make test-cluster`) ------------------------------------
+# Three masters and a replica each on spare ports, no persistence, a short
+# node timeout so a dead master's replica takes over within seconds. A
+# cluster already formed and healthy is left alone; nodes that are down are
+# started (they rejoin from their nodes.conf); a cluster that does not
+# become healthy is reset and created again (it only ever holds test data).
+
+cli() { redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
+
+cluster_field() { cli "$1" cluster info 2>/dev/null | tr -d '\r' | sed -n "s/^$2://p"; }
+
+cluster_ok() {
+  local p
+  for p in $CLUSTER_PORTS; do
+    [ "$(cluster_field "$p" cluster_state)" = ok ] || return 1
+    [ "$(cluster_field "$p" cluster_known_nodes)" = "$(wc -w <<<"$CLUSTER_PORTS")" ] || return 1
+  done
+}
+
+wait_cluster_ok() {
+  local tries=$1
+  for _ in $(seq 1 "$tries"); do cluster_ok && return 0; sleep 0.25; done
+  return 1
+}
+
+ensure_redis_cluster() {
+  [ "$CLUSTER_PORTS" = none ] && return 0
+  local p addrs=() fresh=1
+  mkdir -p "$CLUSTER_DIR"
+  for p in $CLUSTER_PORTS; do
+    addrs+=("127.0.0.1:$p")
+    if ! cli "$p" ping 2>/dev/null | grep -q PONG; then
+      mkdir -p "$CLUSTER_DIR/$p"
+      redis-server --daemonize yes --bind 127.0.0.1 --port "$p" --save "" --appendonly no \
+        --cluster-enabled yes --cluster-config-file "$CLUSTER_DIR/$p/nodes.conf" --cluster-node-timeout 2000 \
+        --dir "$CLUSTER_DIR/$p" --logfile "$CLUSTER_DIR/$p/redis.log" --pidfile "$CLUSTER_DIR/$p/redis.pid"
+    fi
+  done
+  for p in $CLUSTER_PORTS; do
+    for _ in $(seq 1 40); do cli "$p" ping 2>/dev/null | grep -q PONG && break; sleep 0.25; done
+    if [ "$(cluster_field "$p" cluster_known_nodes)" != 1 ]; then fresh=0; fi
+  done
+  if [ "$fresh" = 0 ]; then
+    # Formed before: healthy at once, or after its nodes meet again.
+    wait_cluster_ok 40 && return 0
+    log "Redis Cluster on ${addrs[*]} is not healthy; resetting it"
+    for p in $CLUSTER_PORTS; do cli "$p" flushall >/dev/null 2>&1 || true; cli "$p" cluster reset hard >/dev/null; done
+  fi
+  log "creating Redis Cluster on ${addrs[*]}"
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$CLUSTER_DIR/create.log" 2>&1 ||
+    { cat "$CLUSTER_DIR/create.log" >&2; return 1; }
+  wait_cluster_ok 120 && return 0
+  log "Redis Cluster did not become healthy"; return 1
+}
+
 # The race detector (`make test`) needs cgo, hence a C compiler.
 ensure_toolchain() {
   if ! command -v gcc >/dev/null 2>&1; then apt_install gcc libc6-dev; fi
@@ -113,4 +174,6 @@ ensure_toolchain
 ensure_postgres
 ensure_roles_and_db
 ensure_redis
+ensure_redis_cluster
 log "PostgreSQL on $PG_HOST:$PG_PORT (database $DB_NAME) and Redis on 127.0.0.1:$REDIS_PORT are ready"
+[ "$CLUSTER_PORTS" = none ] || log "Redis Cluster on 127.0.0.1 ports $CLUSTER_PORTS is ready"
