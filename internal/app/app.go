@@ -32,6 +32,7 @@ import (
 	"github.com/composer-dev/composer/internal/lifecycle"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/pguuid"
+	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
 	"github.com/composer-dev/composer/tenants"
@@ -41,10 +42,13 @@ import (
 
 // Deps are the connections of a process.
 type Deps struct {
-	Cfg   config.Config
-	Log   *zap.Logger
-	DB    *pg.DB
-	Redis *redis.Client
+	Cfg config.Config
+	Log *zap.Logger
+	DB  *pg.DB
+	// Redis is one server, a cluster or a Sentinel master (RedisTopology
+	// says which).
+	Redis         redis.UniversalClient
+	RedisTopology redisconn.Topology
 }
 
 // Open connects to PostgreSQL (both runtime roles) and Redis. poolOpts
@@ -65,21 +69,23 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, 
 		}
 		d.DB = pg.New(app, system, false)
 	}
-	opts, err := redis.ParseURL(cfg.RedisURL)
+	// Deadlines of contexts bound Redis calls too (not only the socket
+	// timeouts), so a stalled Redis costs a request what it budgeted; the
+	// pool holds at least 64 connections (redisconn).
+	rdb, topo, err := redisconn.Open(cfg.RedisURL)
 	if err != nil {
 		d.Close()
-		return nil, fmt.Errorf("COMPOSER_REDIS_URL: %w", err)
+		return nil, fmt.Errorf("COMPOSER_REDIS_URL: %w", err) // (redisconn never echoes a password)
 	}
-	opts.PoolSize = max(opts.PoolSize, 64)
-	// Deadlines of contexts bound Redis calls too (not only the socket
-	// timeouts), so a stalled Redis costs a request what it budgeted.
-	opts.ContextTimeoutEnabled = true
-	d.Redis = redis.NewClient(opts)
+	d.Redis, d.RedisTopology = rdb, topo
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := d.Redis.Ping(pingCtx).Err(); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("redis unreachable: %w", err)
+		return nil, fmt.Errorf("redis (%s) unreachable: %w", topo, err)
+	}
+	if log != nil {
+		log.Info("connected to Redis", zap.Stringer("topology", topo))
 	}
 	return d, nil
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/composer-dev/composer/internal/redisconn"
 )
 
 // Config is the whole process configuration. The zero value is not useful:
@@ -25,10 +27,13 @@ type Config struct {
 	SystemDatabaseURL string
 	// MigrateDatabaseURL connects as composer_owner, which owns the schema.
 	MigrateDatabaseURL string
-	// RedisURL is the Redis that carries task streams.
+	// RedisURL is the Redis that carries task streams: one server, a
+	// cluster (redis+cluster://) or a Sentinel master (redis+sentinel://);
+	// see internal/redisconn.
 	RedisURL string
 	// RedisNamespace prefixes every Redis key (several deployments, or
-	// tests, may share one Redis).
+	// tests, may share one Redis). It holds no braces: a tenant's keys are
+	// placed on a cluster by the {tenant} hash tag that follows it.
 	RedisNamespace string
 	// DBMaxConns bounds each PostgreSQL pool.
 	DBMaxConns int
@@ -194,8 +199,11 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.url("COMPOSER_DATABASE_URL", &c.DatabaseURL, "postgres", "postgresql")
 	p.url("COMPOSER_SYSTEM_DATABASE_URL", &c.SystemDatabaseURL, "postgres", "postgresql")
 	p.url("COMPOSER_MIGRATE_DATABASE_URL", &c.MigrateDatabaseURL, "postgres", "postgresql")
-	p.url("COMPOSER_REDIS_URL", &c.RedisURL, "redis", "rediss")
+	p.redisURL("COMPOSER_REDIS_URL", &c.RedisURL)
 	p.str("COMPOSER_REDIS_NAMESPACE", &c.RedisNamespace)
+	if strings.ContainsAny(c.RedisNamespace, "{}") {
+		p.fail("COMPOSER_REDIS_NAMESPACE", "must not contain { or }: the {tenant} hash tag after it places each tenant's keys on a cluster")
+	}
 	p.integer("COMPOSER_DB_MAX_CONNS", &c.DBMaxConns, 2, 1000)
 	p.list("COMPOSER_WORKER_QUEUES", &c.WorkerQueues)
 	p.integer("COMPOSER_WORKER_CONCURRENCY", &c.WorkerConcurrency, 1, 10000)
@@ -279,6 +287,18 @@ func (p *parser) url(name string, dst *string, schemes ...string) {
 		}
 	}
 	p.fail(name, "scheme %q is not one of %s", u.Scheme, strings.Join(schemes, ", "))
+}
+
+func (p *parser) redisURL(name string, dst *string) {
+	v, ok := p.get(name)
+	if !ok {
+		return
+	}
+	if _, err := redisconn.Parse(v); err != nil {
+		p.fail(name, "%v", err) // (redisconn never echoes a password)
+		return
+	}
+	*dst = v
 }
 
 func (p *parser) boolean(name string, dst *bool) {

@@ -68,3 +68,33 @@ func TestClaimIdleFollowsTheLeaseTTL(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 30*time.Second, c.ClaimIdle, "an explicit setting wins")
 }
+
+func TestRedisURLTakesEveryTopologyAndNeverEchoesAPassword(t *testing.T) {
+	for _, u := range []string{
+		"redis://:pw@cache:6379/2",
+		"rediss://cache:6380/0",
+		"redis+cluster://c1:7000?addr=c2:7000&addr=c3:7000",
+		"redis+sentinel://s1:26379?master_name=mymaster&addr=s2:26379",
+	} {
+		c, err := load(env(map[string]string{"COMPOSER_REDIS_URL": u}))
+		require.NoError(t, err, u)
+		assert.Equal(t, u, c.RedisURL)
+	}
+	for _, u := range []string{
+		"http://:hunter2@cache:6379",
+		"redis+sentinel://:hunter2@s1:26379",                     // no master name
+		"redis+cluster://:hunter2@c1:7000/3",                     // a cluster has only database 0
+		"redis://:hunter2@cache:6379/0?pool_size=hunter2",        // a bad option quoting the password
+		"redis+sentinel://s1:1?master_name=m&password=hunter2&x", // an unknown option
+	} {
+		_, err := load(env(map[string]string{"COMPOSER_REDIS_URL": u}))
+		require.Error(t, err, u)
+		assert.Contains(t, err.Error(), "COMPOSER_REDIS_URL")
+		assert.NotContains(t, err.Error(), "hunter2", u)
+	}
+}
+
+func TestRedisNamespaceHoldsNoHashTag(t *testing.T) {
+	_, err := load(env(map[string]string{"COMPOSER_REDIS_NAMESPACE": "prod{eu}"}))
+	require.ErrorContains(t, err, "COMPOSER_REDIS_NAMESPACE")
+}

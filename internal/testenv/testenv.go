@@ -12,7 +12,10 @@
 //	COMPOSER_TEST_DATABASE_URL  owner-role URL of a maintenance database
 //	                            (default postgres://composer_owner:composer@127.0.0.1:5432/postgres)
 //	COMPOSER_TEST_ROLE_PASSWORD password of composer_app and composer_system (default composer)
-//	COMPOSER_TEST_REDIS_URL     default redis://127.0.0.1:6379/0
+//	COMPOSER_TEST_REDIS_URL     default redis://127.0.0.1:6379/0; any URL COMPOSER_REDIS_URL
+//	                            takes (internal/redisconn), e.g. the local cluster of
+//	                            scripts/services.sh (make test-cluster)
+//	COMPOSER_TEST_REDIS_CLUSTER_URL  the cluster NewCluster uses (default DefaultClusterURL)
 package testenv
 
 import (
@@ -40,6 +43,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/composer-dev/composer/internal/pguuid"
+	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/migrations"
 )
 
@@ -53,10 +57,11 @@ type Env struct {
 	OwnerURL, AppURL, SystemURL string
 	// App and System are pools for AppURL and SystemURL.
 	App, System *pgxpool.Pool
-	// RedisURL and Redis reach the shared Redis; Namespace is this test's own
+	// RedisURL and Redis reach the shared Redis (one server, a cluster or a
+	// Sentinel master, whichever the URL says); Namespace is this test's own
 	// key prefix, to be passed to every component that names keys.
 	RedisURL  string
-	Redis     *redis.Client
+	Redis     redis.UniversalClient
 	Namespace string
 }
 
@@ -300,17 +305,38 @@ func removeStale(ctx context.Context, admin *pgx.Conn, current string) {
 
 func (e *Env) newRedis(t testing.TB) {
 	t.Helper()
-	e.RedisURL = getenv("COMPOSER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-	opts, err := redis.ParseURL(e.RedisURL)
+	e.openRedis(t, getenv("COMPOSER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), "COMPOSER_TEST_REDIS_URL")
+}
+
+// DefaultClusterURL is the Redis Cluster scripts/services.sh starts.
+const DefaultClusterURL = "redis+cluster://127.0.0.1:7101?addr=127.0.0.1:7102&addr=127.0.0.1:7103"
+
+// ClusterURL is the shared Redis Cluster's URL.
+func ClusterURL() string { return getenv("COMPOSER_TEST_REDIS_CLUSTER_URL", DefaultClusterURL) }
+
+// NewCluster returns an Env with only the Redis part set, on the shared
+// Redis Cluster (whatever COMPOSER_TEST_REDIS_URL says): for tests of
+// cluster behaviour itself.
+func NewCluster(t testing.TB) *Env {
+	t.Helper()
+	e := &Env{}
+	e.openRedis(t, ClusterURL(), "COMPOSER_TEST_REDIS_CLUSTER_URL")
+	return e
+}
+
+func (e *Env) openRedis(t testing.TB, rawURL, variable string) {
+	t.Helper()
+	e.RedisURL = rawURL
+	rdb, topo, err := redisconn.Open(e.RedisURL)
 	if err != nil {
-		t.Fatalf("testenv: COMPOSER_TEST_REDIS_URL: %v", err)
+		t.Fatalf("testenv: %s: %v", variable, err)
 	}
-	e.Redis = redis.NewClient(opts)
+	e.Redis = rdb
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := e.Redis.Ping(ctx).Err(); err != nil {
 		e.Redis.Close()
-		t.Fatalf("testenv: Redis unreachable at %s: %v (run scripts/services.sh)", redact(e.RedisURL), err)
+		t.Fatalf("testenv: Redis (%s) unreachable: %v (run scripts/services.sh)", topo, err)
 	}
 	e.Namespace = "composer-t-" + randomHex(6)
 	t.Cleanup(func() {
@@ -321,19 +347,52 @@ func (e *Env) newRedis(t testing.TB) {
 	})
 }
 
-// DeleteNamespace removes every key of a namespace.
-func DeleteNamespace(ctx context.Context, rdb *redis.Client, ns string) {
-	iter := rdb.Scan(ctx, 0, ns+":*", 500).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			rdb.Unlink(ctx, batch...)
-			batch = batch[:0]
+// DeleteNamespace removes every key of a namespace (from every master of
+// a cluster).
+func DeleteNamespace(ctx context.Context, rdb redis.UniversalClient, ns string) {
+	_ = ForEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, ns+":*", 500).Iterator()
+		pipe := c.Pipeline()
+		for iter.Next(ctx) {
+			// One key per command: the keys of a batch belong to many slots.
+			pipe.Unlink(ctx, iter.Val())
+			if pipe.Len() == 500 {
+				_, _ = pipe.Exec(ctx)
+			}
 		}
-	}
-	if len(batch) > 0 {
-		rdb.Unlink(ctx, batch...)
+		if pipe.Len() > 0 {
+			_, _ = pipe.Exec(ctx)
+		}
+		return iter.Err()
+	})
+}
+
+// Keys lists the keys matching pattern on every master (KEYS on a cluster
+// client asks one node only). For tests; production code never lists keys.
+func Keys(ctx context.Context, rdb redis.UniversalClient, pattern string) ([]string, error) {
+	var mu sync.Mutex
+	var out []string
+	err := ForEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
+		keys, err := c.Keys(ctx, pattern).Result()
+		mu.Lock()
+		out = append(out, keys...)
+		mu.Unlock()
+		return err
+	})
+	sort.Strings(out)
+	return out, err
+}
+
+// ForEachMaster calls fn with a client of every master: the server itself,
+// or each master of a cluster (concurrently).
+func ForEachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(context.Context, *redis.Client) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	default:
+		return fmt.Errorf("testenv: unknown Redis client %T", rdb)
 	}
 }
 
