@@ -253,12 +253,16 @@ func (s *Slots) flush() {
 	}
 }
 
+// heldScript: KEYS[1] the set. Counts the live permits on the clock of the
+// node holding them (on a cluster another node's clock may differ).
+var heldScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+`)
+
 // Held counts the tenant's live permits.
 func (s *Slots) Held(ctx context.Context, tenant uuid.UUID) (int, error) {
-	t, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, err
-	}
-	n, err := s.rdb.ZCount(ctx, s.key(tenant), fmt.Sprint(t.UnixMilli()+1), "+inf").Result()
-	return int(n), err
+	n, err := heldScript.Run(ctx, s.rdb, []string{s.key(tenant)}).Int()
+	return n, err
 }
