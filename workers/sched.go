@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/engine/taskapi"
+	"github.com/composer-dev/composer/internal/lifecycle"
 )
 
 // queueSched decides, for one queue, whose messages the worker reads next:
@@ -38,29 +40,45 @@ import (
 // hold more than capacity - reserve of the worker's slots; with nobody else
 // about, a tenant may use them all.
 type queueSched struct {
-	mu       sync.Mutex
-	tenants  map[uuid.UUID]*tenantSched
-	order    []uuid.UUID
+	mu      sync.Mutex
+	tenants map[uuid.UUID]*tenantSched
+	// live are the tenants that may be read: ready ones and those holding
+	// bounced messages. Dormant tenants are in tenants only, and cost a
+	// fill nothing, however many there are.
+	live map[uuid.UUID]*tenantSched
+	// hot are the tenants that had work lately or have tasks running here
+	// (pruned as they cool), so "does anyone else have work" does not walk
+	// every known tenant.
+	hot      map[uuid.UUID]*tenantSched
 	capacity int // the worker's slots
 	reserve  int // slots no single tenant takes while others have work
-	// recheck is how long a tenant found with nothing to read is left out
-	// unless a wake-up names it: workers know every tenant active in the
-	// last day, and must not read each one's streams for every freed slot.
-	recheck time.Duration
+	seq      int // numbers tenants in the order they became known
 }
 
+// A tenant is ready while it may have unread messages: when first known,
+// when a wake-up or the active set shows it published, and while its reads
+// fill what they were granted. A read that comes back short makes it
+// dormant: it is not read again until it publishes again (a wake-up, or a
+// new score in the active set when a wake-up was lost), so a thousand
+// tenants that went quiet cost a worker nothing per fill.
 type tenantSched struct {
 	route tenantShards
+	seq   int
 	score int
+	ready bool
 	// inUse counts the worker's slots holding this tenant's messages.
 	inUse int
 	// lastWork is when the tenant last had work to read.
 	lastWork time.Time
-	// idleUntil: found empty; not read again before then unless woken.
-	idleUntil time.Time
 	// wakes counts wake-ups naming the tenant, so a wake-up that raced a
-	// read that came back empty is not lost.
+	// read that came back short is not lost.
 	wakes uint64
+	// published is the tenant's last publish time (the active set's score,
+	// in milliseconds) as this worker has seen it.
+	published float64
+	// settled: the reclaim pass found the tenant's streams empty, and it
+	// has not published since; it needs no reclaim pass until it does.
+	settled bool
 	// free is the tenant's free quota as the last lease call saw it; -1
 	// when unknown or unlimited.
 	free         int
@@ -92,16 +110,20 @@ const (
 	recentWork = 10 * time.Second
 )
 
-func newQueueSched(capacity int, recheck time.Duration) *queueSched {
-	return &queueSched{tenants: map[uuid.UUID]*tenantSched{}, capacity: capacity, reserve: capacity / 8, recheck: recheck}
+func newQueueSched(capacity int) *queueSched {
+	return &queueSched{tenants: map[uuid.UUID]*tenantSched{}, live: map[uuid.UUID]*tenantSched{}, hot: map[uuid.UUID]*tenantSched{},
+		capacity: capacity, reserve: capacity / 8}
 }
 
+// ensure returns a tenant's state, creating it ready. Caller holds mu.
 func (q *queueSched) ensure(t tenantShards) *tenantSched {
 	ts := q.tenants[t.tenant]
 	if ts == nil {
-		ts = &tenantSched{route: t, free: -1}
+		q.seq++
+		ts = &tenantSched{route: t, seq: q.seq, free: -1, ready: true}
+		ts.route.shards = max(ts.route.shards, 1)
 		q.tenants[t.tenant] = ts
-		q.order = append(q.order, t.tenant)
+		q.live[t.tenant] = ts
 		return ts
 	}
 	// After a shard change, read every shard that may hold work.
@@ -112,6 +134,18 @@ func (q *queueSched) ensure(t tenantShards) *tenantSched {
 	return ts
 }
 
+// readyUp makes a tenant ready (it published). Caller holds mu.
+func (q *queueSched) readyUp(ts *tenantSched) {
+	ts.ready, ts.settled = true, false
+	q.live[ts.route.tenant] = ts
+}
+
+// heat marks a tenant as having work now. Caller holds mu.
+func (q *queueSched) heat(ts *tenantSched, now time.Time) {
+	ts.lastWork = now
+	q.hot[ts.route.tenant] = ts
+}
+
 // learn records a discovered tenant.
 func (q *queueSched) learn(t tenantShards) {
 	q.mu.Lock()
@@ -119,14 +153,57 @@ func (q *queueSched) learn(t tenantShards) {
 	q.ensure(t)
 }
 
-// woke records a wake-up naming a tenant: it has new work.
-func (q *queueSched) woke(t tenantShards) {
+// woke records a wake-up naming a tenant: it has new work, published at
+// the given active-set score (0 when the wake-up did not say).
+func (q *queueSched) woke(t tenantShards, published float64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	ts := q.ensure(t)
 	ts.wakes++
-	ts.idleUntil = time.Time{}
-	ts.lastWork = time.Now()
+	if published > 0 {
+		ts.published = published
+	}
+	q.readyUp(ts)
+	q.heat(ts, time.Now())
+}
+
+// observe records a tenant's score in the active set and reports whether
+// that made it ready: a score this worker has not seen means a publish
+// whose wake-up it missed.
+func (q *queueSched) observe(t tenantShards, published float64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	ts, known := q.tenants[t.tenant]
+	if !known {
+		ts = q.ensure(t)
+		ts.published = published
+		return true
+	}
+	q.ensure(t)
+	if published == ts.published {
+		return false
+	}
+	ts.published = published
+	if ts.ready {
+		ts.settled = false
+		return false
+	}
+	q.readyUp(ts)
+	return true
+}
+
+// forget drops tenants that have not published since before cutoff and
+// hold nothing here: no state, no reads.
+func (q *queueSched) forget(cutoff float64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for id, ts := range q.tenants {
+		if ts.published < cutoff && !ts.ready && ts.inUse == 0 && len(ts.held) == 0 && ts.settled {
+			delete(q.tenants, id)
+			delete(q.live, id)
+			delete(q.hot, id)
+		}
+	}
 }
 
 // took counts slots given to a tenant's messages outside a plan (reclaimed
@@ -134,7 +211,10 @@ func (q *queueSched) woke(t tenantShards) {
 func (q *queueSched) took(id uuid.UUID, n int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.ensure(tenantShards{tenant: id, shards: 1}).inUse += n
+	ts := q.ensure(tenantShards{tenant: id, shards: 1})
+	ts.inUse += n
+	ts.settled = false
+	q.hot[id] = ts
 }
 
 // release returns one of a tenant's slots.
@@ -146,15 +226,33 @@ func (q *queueSched) release(id uuid.UUID) {
 	}
 }
 
+// working counts the tenants with tasks running here or work lately, and
+// drops the cooled ones from hot. Caller holds mu.
+func (q *queueSched) working(now time.Time) int {
+	n := 0
+	for id, o := range q.hot {
+		if o.inUse > 0 || now.Sub(o.lastWork) < recentWork {
+			n++
+		} else {
+			delete(q.hot, id)
+		}
+	}
+	return n
+}
+
+// isWorking reports whether ts counts in working. Caller holds mu.
+func (ts *tenantSched) isWorking(now time.Time) bool {
+	return ts.inUse > 0 || now.Sub(ts.lastWork) < recentWork
+}
+
 // othersHaveWork reports whether a tenant other than ts has tasks running
 // here or had work recently. Caller holds mu.
 func (q *queueSched) othersHaveWork(ts *tenantSched, now time.Time) bool {
-	for _, o := range q.tenants {
-		if o != ts && (o.inUse > 0 || now.Sub(o.lastWork) < recentWork) {
-			return true
-		}
+	n := q.working(now)
+	if ts != nil && ts.isWorking(now) {
+		n--
 	}
-	return false
+	return n > 0
 }
 
 // mayKeep reports whether a slot a tenant's task frees may go straight to
@@ -173,8 +271,13 @@ func (q *queueSched) mayKeep(id uuid.UUID, now time.Time) bool {
 func (q *queueSched) quiet(now time.Time) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, ts := range q.tenants {
-		if len(ts.held) > 0 || now.Sub(ts.lastWork) < recentWork {
+	for _, ts := range q.live {
+		if len(ts.held) > 0 {
+			return false
+		}
+	}
+	for _, ts := range q.hot {
+		if now.Sub(ts.lastWork) < recentWork {
 			return false
 		}
 	}
@@ -208,6 +311,7 @@ func (q *queueSched) hold(m stream.Message) {
 	ts.backoff = min(max(ts.backoff*2, minBlock), maxBlock)
 	ts.blockedUntil = time.Now().Add(ts.backoff)
 	ts.free = 0
+	q.live[m.Tenant] = ts
 }
 
 // limit is how many messages ts may take in one fill. Caller holds mu.
@@ -224,22 +328,35 @@ func (ts *tenantSched) limit() int {
 	}
 }
 
-// plan hands free slots out, one pick at a time, to the tenants not paused
-// and not in skip, and returns each chosen tenant's grant.
+// plan hands free slots out, one pick at a time, to the live tenants not
+// paused and not in skip, and returns each chosen tenant's grant.
 func (q *queueSched) plan(free int, now time.Time, skip map[uuid.UUID]bool) []grant {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var eligible []*tenantSched
-	for _, id := range q.order {
-		ts := q.tenants[id]
-		if !skip[id] && !now.Before(ts.blockedUntil) && !now.Before(ts.idleUntil) {
+	for id, ts := range q.live {
+		if !ts.ready && len(ts.held) == 0 {
+			delete(q.live, id) // (a held tenant whose messages were all granted)
+			continue
+		}
+		if !skip[id] && !now.Before(ts.blockedUntil) {
 			eligible = append(eligible, ts)
 		}
 	}
+	// The order tenants became known breaks ties, as a list would.
+	slices.SortFunc(eligible, func(a, b *tenantSched) int { return a.seq - b.seq })
 	limits := make(map[*tenantSched]int, len(eligible))
+	working := 0
+	if q.reserve > 0 && len(eligible) > 0 {
+		working = q.working(now)
+	}
 	for _, ts := range eligible {
 		limits[ts] = ts.limit()
-		if q.reserve > 0 && q.othersHaveWork(ts, now) {
+		others := working
+		if ts.isWorking(now) {
+			others--
+		}
+		if q.reserve > 0 && others > 0 {
 			limits[ts] = min(limits[ts], max(q.capacity-q.reserve-ts.inUse, 0))
 		}
 	}
@@ -281,7 +398,7 @@ func (q *queueSched) plan(free int, now time.Time, skip map[uuid.UUID]bool) []gr
 
 // settle records what a grant got: the quota it used and, when the tenant
 // had less to read than it was granted, that it banks no positive score
-// and, unless woken meanwhile, is idle for a while.
+// and, unless woken meanwhile, goes dormant.
 func (q *queueSched) settle(g grant, got int, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -294,12 +411,16 @@ func (q *queueSched) settle(g grant, got int, now time.Time) {
 	}
 	ts.inUse += got
 	if got > 0 {
-		ts.lastWork = now
+		ts.settled = false
+		q.heat(ts, now)
 	}
 	if got < g.n {
 		ts.score = min(ts.score, 0)
-		if ts.wakes == g.wakes && len(ts.held) == 0 {
-			ts.idleUntil = now.Add(q.recheck)
+		if ts.wakes == g.wakes {
+			ts.ready = false
+			if len(ts.held) == 0 {
+				delete(q.live, g.id)
+			}
 		}
 	}
 }
@@ -310,7 +431,7 @@ func (q *queueSched) nextUnblock() time.Time {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var next time.Time
-	for _, ts := range q.tenants {
+	for _, ts := range q.live {
 		if len(ts.held) > 0 && (next.IsZero() || ts.blockedUntil.Before(next)) {
 			next = ts.blockedUntil
 		}
@@ -323,49 +444,104 @@ func (q *queueSched) heldMessages() []stream.Message {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var out []stream.Message
-	for _, ts := range q.tenants {
+	for _, ts := range q.live {
 		out = append(out, ts.held...)
 	}
 	return out
 }
 
-// replace sets the known tenants from a discovery, keeping their state.
-func (q *queueSched) replace(found []tenantShards) {
+// unsettled is what a reclaim pass looks at: the tenants not known to have
+// empty streams, each with its wake count and publish score, so that
+// finding them empty settles only those that did not publish meanwhile.
+func (q *queueSched) unsettled() []settling {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, t := range found {
-		q.ensure(t)
+	var out []settling
+	for _, ts := range q.tenants {
+		if !ts.settled {
+			out = append(out, settling{route: ts.route, wakes: ts.wakes, published: ts.published})
+		}
+	}
+	return out
+}
+
+type settling struct {
+	route     tenantShards
+	wakes     uint64
+	published float64
+}
+
+// settleEmpty records that a reclaim pass found a tenant's streams empty.
+func (q *queueSched) settleEmpty(s settling) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ts := q.tenants[s.route.tenant]; ts != nil && ts.wakes == s.wakes && ts.published == s.published && ts.inUse == 0 &&
+		len(ts.held) == 0 && ts.route.shards == s.route.shards {
+		ts.settled = true
 	}
 }
 
-// discover refreshes the tenants with recent work on a queue from the
-// active set (no key scans).
-func (w *Worker) discover(ctx context.Context, queue string) {
-	from := time.Now().Add(-w.cfg.ActiveWindow).UnixMilli()
-	members, err := w.rdb.ZRangeByScore(ctx, w.names.Active(queue), &redis.ZRangeBy{Min: fmt.Sprint(from), Max: "+inf"}).Result()
-	if err != nil {
-		w.log.Warn("discovering tenants failed", zap.String("queue", queue), zap.Error(err))
-		return
+// discovery overlap: a score this much older than the newest one seen is
+// still looked at, for publishers whose clocks run behind.
+const discoverOverlap = 10 * time.Second
+
+// discover reads the tenants that published to a queue lately from the
+// active set (all of the active window when full, else those since the
+// newest score seen, less an overlap) and readies those whose publish this
+// worker missed. It returns the newest score seen.
+func (w *Worker) discover(ctx context.Context, queue string, since float64, full bool) float64 {
+	min := since - float64(discoverOverlap.Milliseconds())
+	if full {
+		min = float64(time.Now().Add(-w.cfg.ActiveWindow).UnixMilli())
 	}
-	var found []tenantShards
-	for _, m := range members {
+	zs, err := w.rdb.ZRangeByScoreWithScores(ctx, w.names.Active(queue), &redis.ZRangeBy{Min: fmt.Sprint(int64(min)), Max: "+inf"}).Result()
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("discovering tenants failed", zap.String("queue", queue), zap.Error(err))
+		}
+		return since
+	}
+	qs := w.scheds[queue]
+	newest, woke := since, false
+	for _, z := range zs {
+		m, _ := z.Member.(string)
 		if t, n, weight, err := stream.ParseActiveMember(m); err == nil {
-			found = append(found, tenantShards{tenant: t, shards: n, weight: weight})
+			woke = qs.observe(tenantShards{tenant: t, shards: n, weight: weight}, z.Score) || woke
+			newest = max(newest, z.Score)
 		}
 	}
-	w.scheds[queue].replace(found)
+	if full {
+		qs.forget(float64(time.Now().Add(-w.cfg.ActiveWindow).UnixMilli()))
+	}
+	if woke {
+		w.wake(queue)
+	}
+	return newest
+}
+
+// discoverLoop runs discover for every queue each second, over the whole
+// active window every fullDiscovery.
+func (w *Worker) discoverLoop(ctx context.Context) {
+	const every, fullDiscovery = time.Second, 30 * time.Second
+	newest := map[string]float64{}
+	var lastFull time.Time
+	for ctx.Err() == nil {
+		full := time.Since(lastFull) >= fullDiscovery
+		for _, q := range w.cfg.Queues {
+			newest[q] = w.discover(ctx, q, newest[q], full)
+		}
+		if full {
+			lastFull = time.Now()
+		}
+		lifecycle.Sleep(ctx, every)
+	}
 }
 
 // readLoop fills free slots from the queue's tenants in the scheduler's
 // order, never taking more messages than it has free slots.
 func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 	qs := w.scheds[queue]
-	var lastDiscover time.Time
 	for ctx.Err() == nil {
-		if time.Since(lastDiscover) > 5*time.Second {
-			w.discover(ctx, queue)
-			lastDiscover = time.Now()
-		}
 		free := w.takeSlots(w.cfg.Concurrency)
 		if free == 0 {
 			select { // every slot is busy: wait for one to free
@@ -393,10 +569,12 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 	}
 }
 
-// fill hands free slots to tenants as the scheduler plans them, each
-// batch to a lease call off the loop (its slots are already taken). A
-// tenant that had less to read than its grant is left out of the rest of
-// the fill, and its unused slots are planned again among the others.
+// fill hands free slots to tenants as the scheduler plans them: each round
+// reads every granted tenant in one pipelined round trip, and hands each
+// tenant's batch to a lease call off the loop (its slots are already
+// taken). A tenant that had less to read than its grant is left out of
+// the rest of the fill, and its unused slots are planned again among the
+// others.
 func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched, free *int) int {
 	got := 0
 	var skip map[uuid.UUID]bool
@@ -405,12 +583,11 @@ func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched
 		if len(grants) == 0 {
 			break
 		}
-		for _, g := range grants {
-			msgs := g.held
-			if len(msgs) < g.n {
-				msgs = append(msgs, w.read(ctx, queue, g.route, g.n-len(msgs))...)
-			}
-			qs.settle(g, len(msgs), time.Now())
+		batches := w.readGrants(ctx, queue, grants)
+		now := time.Now()
+		for i, g := range grants {
+			msgs := batches[i]
+			qs.settle(g, len(msgs), now)
 			if len(msgs) < g.n {
 				if skip == nil {
 					skip = map[uuid.UUID]bool{}
@@ -447,13 +624,13 @@ func (w *Worker) keepHeld(ctx context.Context) {
 	}
 }
 
-// routes lists the tenants' routes.
-func (q *queueSched) routes() []tenantShards {
+// route is a known tenant's route on a queue (shards and weight as last
+// seen), or a one-shard route when the tenant is unknown.
+func (q *queueSched) route(id uuid.UUID) tenantShards {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := make([]tenantShards, 0, len(q.tenants))
-	for _, ts := range q.tenants {
-		out = append(out, ts.route)
+	if ts := q.tenants[id]; ts != nil {
+		return ts.route
 	}
-	return out
+	return tenantShards{tenant: id, shards: 1, weight: 1}
 }

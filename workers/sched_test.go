@@ -17,9 +17,8 @@ var simNow = time.Now()
 
 // serve simulates a worker whose slots free perFill at a time against
 // tenants whose backlogs are given (absent: endless), and counts the slots
-// each tenant gets. Every fill is at a later instant than the last, so a
-// tenant found empty is left out only for the rest of its fill when
-// recheck is zero.
+// each tenant gets. Every fill is at a later instant than the last; a
+// tenant found empty goes dormant until woken.
 func serve(q *queueSched, slots, perFill int, backlog map[uuid.UUID]int) (map[uuid.UUID]int, []uuid.UUID) {
 	got := map[uuid.UUID]int{}
 	var seq []uuid.UUID
@@ -61,7 +60,7 @@ func serve(q *queueSched, slots, perFill int, backlog map[uuid.UUID]int) (map[uu
 
 func TestSchedSharesSlotsByWeight(t *testing.T) {
 	for _, perFill := range []int{1, 3, 16} {
-		q := newQueueSched(0, 0)
+		q := newQueueSched(0)
 		a, b, c := uuid.New(), uuid.New(), uuid.New()
 		q.learn(tenantShards{tenant: a, shards: 1, weight: 1})
 		q.learn(tenantShards{tenant: b, shards: 1, weight: 4})
@@ -76,7 +75,7 @@ func TestSchedSharesSlotsByWeight(t *testing.T) {
 // TestSchedInterleaves: with equal weights a tenant never waits for more
 // than one other tenant's slot between two of its own.
 func TestSchedInterleaves(t *testing.T) {
-	q := newQueueSched(0, 0)
+	q := newQueueSched(0)
 	a, b := uuid.New(), uuid.New()
 	q.learn(tenantShards{tenant: a, shards: 1, weight: 4})
 	q.learn(tenantShards{tenant: b, shards: 1, weight: 4})
@@ -87,7 +86,7 @@ func TestSchedInterleaves(t *testing.T) {
 }
 
 func TestSchedIdleTenantBanksNothing(t *testing.T) {
-	q := newQueueSched(0, 0)
+	q := newQueueSched(0)
 	busy, idle := uuid.New(), uuid.New()
 	q.learn(tenantShards{tenant: busy, shards: 1, weight: 1})
 	q.learn(tenantShards{tenant: idle, shards: 1, weight: 1})
@@ -95,15 +94,21 @@ func TestSchedIdleTenantBanksNothing(t *testing.T) {
 	got, _ := serve(q, 1000, 1, backlog)
 	assert.Equal(t, 1000, got[busy], "the idle tenant's share goes to the busy one")
 	backlog[idle] = 1 << 30
+	q.woke(tenantShards{tenant: idle, shards: 1, weight: 1}, 0)
 	got, _ = serve(q, 100, 1, backlog)
 	assert.InDelta(t, 50, got[idle], 1, "no burst from the idle period")
 }
 
-func TestSchedLeavesAnEmptyTenantAloneUntilWokenOrRecheck(t *testing.T) {
-	q := newQueueSched(0, time.Second)
+// TestSchedLeavesAnEmptyTenantAloneUntilItPublishes: a tenant found empty
+// is not read again, however many fills pass, until it publishes: a
+// wake-up, or a score in the active set the worker has not seen (a lost
+// wake-up). A score it has seen changes nothing.
+func TestSchedLeavesAnEmptyTenantAloneUntilItPublishes(t *testing.T) {
+	q := newQueueSched(0)
 	busy, quiet := uuid.New(), uuid.New()
+	route := tenantShards{tenant: quiet, shards: 1, weight: 1}
 	q.learn(tenantShards{tenant: busy, shards: 1, weight: 1})
-	q.learn(tenantShards{tenant: quiet, shards: 1, weight: 1})
+	q.learn(route)
 	now := time.Now()
 	reads := map[uuid.UUID]int{}
 	fill := func(at time.Time) {
@@ -116,33 +121,103 @@ func TestSchedLeavesAnEmptyTenantAloneUntilWokenOrRecheck(t *testing.T) {
 			q.settle(g, took, at)
 		}
 	}
-	for i := range 100 {
-		fill(now.Add(time.Duration(i) * time.Millisecond))
+	for i := range 1000 {
+		fill(now.Add(time.Duration(i) * time.Second))
 	}
-	assert.LessOrEqual(t, reads[quiet], 1, "read once, found empty, left alone")
-	q.woke(tenantShards{tenant: quiet, shards: 1, weight: 1})
+	assert.LessOrEqual(t, reads[quiet], 1, "read once, found empty, left alone for good")
+	q.woke(route, 5000)
 	before := reads[quiet]
-	fill(now.Add(200 * time.Millisecond))
-	fill(now.Add(201 * time.Millisecond))
+	fill(now.Add(2000 * time.Second))
+	fill(now.Add(2001 * time.Second))
 	assert.Equal(t, before+1, reads[quiet], "a wake-up brings it back at once")
-	before = reads[quiet]
+
+	assert.False(t, q.observe(route, 5000), "the wake-up's own score is not news")
 	for i := range 10 {
-		fill(now.Add(1300*time.Millisecond + time.Duration(i)*time.Millisecond))
+		fill(now.Add(3000*time.Second + time.Duration(i)*time.Second))
 	}
-	assert.Equal(t, before+1, reads[quiet], "and so does the recheck interval")
+	assert.Equal(t, before+1, reads[quiet])
+	assert.True(t, q.observe(route, 6000), "a score not seen: a publish whose wake-up was lost")
+	fill(now.Add(4000 * time.Second))
+	fill(now.Add(4001 * time.Second))
+	assert.Equal(t, before+2, reads[quiet])
+	assert.True(t, q.observe(route, 5500), "a lower score is news too (a publisher whose clock is behind)")
 
 	// A wake-up racing an empty read is not lost.
-	fill(now.Add(3 * time.Second)) // busy's turn
-	gs := q.plan(1, now.Add(3*time.Second), map[uuid.UUID]bool{busy: true})
+	fill(now.Add(5000 * time.Second))
+	gs := q.plan(1, now.Add(5000*time.Second), map[uuid.UUID]bool{busy: true})
 	require.Len(t, gs, 1)
-	q.woke(tenantShards{tenant: quiet, shards: 1, weight: 1})
-	q.settle(gs[0], 0, now.Add(3*time.Second))
-	gs = q.plan(1, now.Add(3*time.Second), map[uuid.UUID]bool{busy: true})
+	q.woke(route, 0)
+	q.settle(gs[0], 0, now.Add(5000*time.Second))
+	gs = q.plan(1, now.Add(5000*time.Second), map[uuid.UUID]bool{busy: true})
 	assert.Len(t, gs, 1, "still eligible: woken after its read")
 }
 
+// TestSchedCostIsFlatInDormantTenants: ten thousand dormant tenants add
+// nothing to what a fill looks at.
+func TestSchedCostIsFlatInDormantTenants(t *testing.T) {
+	q := newQueueSched(16)
+	busy := uuid.New()
+	q.learn(tenantShards{tenant: busy, shards: 1, weight: 1})
+	now := time.Now()
+	for range 10_000 {
+		id := uuid.New()
+		q.learn(tenantShards{tenant: id, shards: 4, weight: 1})
+	}
+	// One fill finds them all empty.
+	skip := map[uuid.UUID]bool{}
+	for {
+		gs := q.plan(16, now, skip)
+		if len(gs) == 0 {
+			break
+		}
+		for _, g := range gs {
+			took := 0
+			if g.id == busy {
+				took = g.n
+			}
+			q.settle(g, took, now)
+			skip[g.id] = true
+		}
+	}
+	assert.Len(t, q.live, 1, "only the busy tenant is left to look at")
+	for range 100 {
+		gs := q.plan(16, now.Add(time.Minute), nil)
+		require.Len(t, gs, 1)
+		assert.Equal(t, busy, gs[0].id)
+		assert.Equal(t, 16, gs[0].n, "the busy tenant gets every slot")
+		q.settle(gs[0], 0, now.Add(time.Minute))
+		q.woke(tenantShards{tenant: busy, shards: 1, weight: 1}, 0)
+	}
+}
+
+// TestSchedSettlesOnlyWhatDidNotPublish: a reclaim pass that found a
+// tenant's streams empty settles it only if it did not publish (or get
+// slots here) while the pass ran; a publish unsettles it.
+func TestSchedSettlesOnlyWhatDidNotPublish(t *testing.T) {
+	q := newQueueSched(4)
+	a, b := uuid.New(), uuid.New()
+	q.learn(tenantShards{tenant: a, shards: 2, weight: 1})
+	q.learn(tenantShards{tenant: b, shards: 2, weight: 1})
+	pass := q.unsettled()
+	require.Len(t, pass, 2)
+	q.woke(tenantShards{tenant: b, shards: 2, weight: 1}, 0) // b publishes mid-pass
+	for _, s := range pass {
+		q.settleEmpty(s)
+	}
+	left := q.unsettled()
+	require.Len(t, left, 1)
+	assert.Equal(t, b, left[0].route.tenant)
+	q.settleEmpty(left[0])
+	assert.Empty(t, q.unsettled())
+	q.observe(tenantShards{tenant: a, shards: 2, weight: 1}, 42)
+	require.Len(t, q.unsettled(), 1, "a new score in the active set")
+	q.settleEmpty(q.unsettled()[0])
+	q.took(a, 1)
+	assert.Len(t, q.unsettled(), 1, "a reclaimed message of the tenant runs here")
+}
+
 func TestSchedHonoursQuota(t *testing.T) {
-	q := newQueueSched(0, 0)
+	q := newQueueSched(0)
 	full, other := uuid.New(), uuid.New()
 	q.learn(tenantShards{tenant: full, shards: 1, weight: 16})
 	q.learn(tenantShards{tenant: other, shards: 1, weight: 1})
@@ -181,7 +256,7 @@ func TestSchedHonoursQuota(t *testing.T) {
 // another tenant has work, it leaves capacity/8 slots free, and gets them
 // back when the other has been quiet for a while.
 func TestSchedKeepsSlotsForOthers(t *testing.T) {
-	q := newQueueSched(32, time.Second)
+	q := newQueueSched(32)
 	heavy, light := uuid.New(), uuid.New()
 	q.learn(tenantShards{tenant: heavy, shards: 1, weight: 16})
 	q.learn(tenantShards{tenant: light, shards: 1, weight: 1})
@@ -211,7 +286,7 @@ func TestSchedKeepsSlotsForOthers(t *testing.T) {
 		q.release(heavy)
 	}
 	free = 32
-	q.woke(tenantShards{tenant: light, shards: 1, weight: 1})
+	q.woke(tenantShards{tenant: light, shards: 1, weight: 1}, 0)
 	got := take(time.Now(), true)
 	assert.Equal(t, 28, got[heavy], "four slots kept while the light tenant has work")
 	assert.Equal(t, 4, got[light])
@@ -224,7 +299,7 @@ func TestSchedKeepsSlotsForOthers(t *testing.T) {
 }
 
 func TestSchedEmpty(t *testing.T) {
-	assert.Empty(t, newQueueSched(0, 0).plan(4, time.Now(), nil))
+	assert.Empty(t, newQueueSched(0).plan(4, time.Now(), nil))
 }
 
 // TestSchedMayKeepOnlyWhileAlone: a freed slot goes straight to the same
@@ -232,7 +307,7 @@ func TestSchedEmpty(t *testing.T) {
 // it that slot anyway: nobody else has work here, and the tenant is
 // neither quota-paused nor holding bounced messages.
 func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
-	q := newQueueSched(8, time.Second)
+	q := newQueueSched(8)
 	a, b := uuid.New(), uuid.New()
 	now := time.Now()
 	assert.False(t, q.mayKeep(a, now), "unknown tenant")
@@ -242,7 +317,7 @@ func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
 
 	q.learn(tenantShards{tenant: b, shards: 1, weight: 1})
 	assert.True(t, q.mayKeep(a, now), "another tenant known but without work")
-	q.woke(tenantShards{tenant: b, shards: 1, weight: 1})
+	q.woke(tenantShards{tenant: b, shards: 1, weight: 1}, 0)
 	assert.False(t, q.mayKeep(a, time.Now()), "another tenant was just woken")
 	assert.True(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "quiet long enough")
 	q.took(b, 1)
@@ -272,7 +347,7 @@ func TestEagerOfferRules(t *testing.T) {
 	assert.Equal(t, w.cfg.LeaseTTL.Milliseconds(), o.TTLMillis)
 
 	assert.Nil(t, w.eagerOffer(m, time.Now().Add(-w.cfg.EagerWindow)), "the slot kept chains for its whole window")
-	w.scheds["other"].woke(tenantShards{tenant: uuid.New(), shards: 1, weight: 1})
+	w.scheds["other"].woke(tenantShards{tenant: uuid.New(), shards: 1, weight: 1}, 0)
 	assert.Nil(t, w.eagerOffer(m, time.Now()), "another queue has work")
 
 	w = New(Config{}, nil, nil, map[string]Executor{"noop": Noop}, nil)
@@ -290,12 +365,12 @@ func TestEagerOfferRules(t *testing.T) {
 }
 
 func TestSchedQuiet(t *testing.T) {
-	q := newQueueSched(4, time.Second)
+	q := newQueueSched(4)
 	assert.True(t, q.quiet(time.Now()))
 	q.learn(tenantShards{tenant: uuid.New(), shards: 1})
 	assert.True(t, q.quiet(time.Now()), "a known tenant without work")
 	b := uuid.New()
-	q.woke(tenantShards{tenant: b, shards: 1})
+	q.woke(tenantShards{tenant: b, shards: 1}, 0)
 	assert.False(t, q.quiet(time.Now()))
 	assert.True(t, q.quiet(time.Now().Add(recentWork+time.Second)))
 	q.hold(stream.Message{Tenant: b})

@@ -175,6 +175,7 @@ type Worker struct {
 	stopping          atomic.Bool
 	eagerRefusedUntil atomic.Int64 // unix nanoseconds
 	eagerStarts       atomic.Int64
+	reclaimPasses     atomic.Int64
 }
 
 type tenantShards struct {
@@ -202,7 +203,7 @@ func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[strin
 		scheds: map[string]*queueSched{}}
 	for _, q := range cfg.Queues {
 		w.wakes[q] = make(chan struct{}, 1)
-		w.scheds[q] = newQueueSched(cfg.Concurrency, cfg.IdlePoll)
+		w.scheds[q] = newQueueSched(cfg.Concurrency)
 	}
 	for t := range executors {
 		w.nodeTypes = append(w.nodeTypes, t)
@@ -214,6 +215,9 @@ func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[strin
 // EagerStarts counts the tasks this worker ran from eager leases (handed
 // over with the previous step's report) rather than from stream messages.
 func (w *Worker) EagerStarts() int64 { return w.eagerStarts.Load() }
+
+// ReclaimPasses counts the reclaim passes the worker has completed.
+func (w *Worker) ReclaimPasses() int64 { return w.reclaimPasses.Load() }
 
 // ID returns the worker's id (consumer name and lease owner).
 func (w *Worker) ID() string { return w.cfg.WorkerID }
@@ -228,8 +232,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// end before the shutdown waits on w.running, so no execution is added
 	// while it waits.
 	var loops, starters sync.WaitGroup
-	loops.Add(2)
+	loops.Add(3)
 	go func() { defer loops.Done(); w.wakeLoop(ctx) }()
+	go func() { defer loops.Done(); w.discoverLoop(ctx) }()
 	go func() { defer loops.Done(); w.renewLoop(execCtx) }()
 	starters.Add(1)
 	go func() { defer starters.Done(); w.reclaimLoop(ctx, execCtx) }()
@@ -307,8 +312,8 @@ func (w *Worker) wakeLoop(ctx context.Context) {
 					break recv
 				}
 				q := byChannel[m.Channel]
-				if t, n, weight, err := stream.ParseActiveMember(m.Payload); err == nil {
-					w.scheds[q].woke(tenantShards{tenant: t, shards: n, weight: weight})
+				if t, n, weight, at, err := stream.ParseWake(m.Payload); err == nil {
+					w.scheds[q].woke(tenantShards{tenant: t, shards: n, weight: weight}, at)
 				}
 				w.wake(q)
 			}
@@ -327,100 +332,135 @@ func (w *Worker) wake(queue string) {
 	}
 }
 
-// read fetches up to n new messages from a tenant's shards. Each round is
-// one pipelined round trip of XREADGROUPs with n spread over the shards not
-// yet known to be empty, so no more than n messages ever arrive; a shard
-// that returns less than it was asked for is empty. It stops when n
-// messages arrived or every shard is empty.
-func (w *Worker) read(ctx context.Context, queue string, t tenantShards, n int) []stream.Message {
-	keys := w.names.Streams(t.tenant, queue, t.shards)
-	open := make([]int, len(keys))
-	for i := range open {
-		open[i] = i
+// readScript reads up to ARGV[3] new messages for consumer ARGV[2] of
+// group ARGV[1] from the streams in KEYS (one tenant's shards, so one
+// cluster slot), shard after shard until it has them: one round trip
+// however many shards are empty, and never more messages than asked. A
+// stream without the group (Redis lost its data and the enqueuer re-created
+// the stream) gets it, from the start, and is read at once; a missing
+// stream is empty. It returns {key, entries} per shard that answered, or
+// {key, error} for one that failed.
+var readScript = redis.NewScript(`
+local want = tonumber(ARGV[3])
+local out = {}
+local function read(key)
+  return redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+end
+for _, key in ipairs(KEYS) do
+  if want <= 0 then break end
+  local res = read(key)
+  if type(res) == 'table' and res.err and string.find(res.err, 'NOGROUP', 1, true) then
+    if redis.call('EXISTS', key) == 1 then
+      redis.pcall('XGROUP', 'CREATE', key, ARGV[1], '0')
+      res = read(key)
+    else
+      res = false
+    end
+  end
+  if type(res) == 'table' and res.err then
+    out[#out + 1] = {key, res.err}
+  elseif res then
+    want = want - #res[1][2]
+    out[#out + 1] = {key, res[1][2]}
+  end
+end
+return out
+`)
+
+// readGrants reads what each grant may still take (its held messages
+// first) from its tenant's shards: all grants in one pipelined round trip.
+func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [][]stream.Message {
+	pipe := w.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(grants))
+	for i, g := range grants {
+		need := g.n - len(g.held)
+		if need <= 0 {
+			continue
+		}
+		keys := w.names.Streams(g.id, queue, g.route.shards)
+		// Rotate which shard comes first, so none is favoured.
+		rot := int(time.Now().UnixNano() % int64(len(keys)))
+		keys = append(keys[rot:], keys[:rot]...)
+		cmds[i] = readScript.Eval(ctx, pipe, keys, stream.Group, w.cfg.WorkerID, need)
 	}
-	// Rotate which shards come first, so none is favoured.
-	rot := int(time.Now().UnixNano() % int64(len(keys)))
-	open = append(open[rot:], open[:rot]...)
-	var out []stream.Message
-	for len(out) < n && len(open) > 0 && ctx.Err() == nil {
-		want := n - len(out)
-		pipe := w.rdb.Pipeline()
-		type ask struct {
-			shard int
-			count int
-			cmd   *redis.XStreamSliceCmd
+	if pipe.Len() > 0 {
+		_, _ = pipe.Exec(ctx) // per-command errors are read below
+	}
+	out := make([][]stream.Message, len(grants))
+	for i, g := range grants {
+		out[i] = g.held
+		if cmds[i] != nil {
+			out[i] = append(out[i], w.collectRead(ctx, cmds[i])...)
 		}
-		var asks []ask
-		for i, shard := range open {
-			count := want / len(open)
-			if i < want%len(open) {
-				count++
-			}
-			if count == 0 {
-				continue
-			}
-			asks = append(asks, ask{shard, count, pipe.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.Group, Consumer: w.cfg.WorkerID,
-				Streams: []string{keys[shard], ">"}, Count: int64(count), Block: -1})})
-		}
-		_, _ = pipe.Exec(ctx)
-		var still []int
-		for _, a := range asks {
-			got := w.collect(ctx, keys[a.shard], a.cmd, &out)
-			if got == a.count {
-				still = append(still, a.shard) // it may hold more
-			}
-		}
-		// Shards not asked this round (count 0) stay open too.
-		asked := map[int]bool{}
-		for _, a := range asks {
-			asked[a.shard] = true
-		}
-		for _, shard := range open {
-			if !asked[shard] {
-				still = append(still, shard)
-			}
-		}
-		open = still
 	}
 	return out
 }
 
-// collect appends the messages of one XREADGROUP to out and returns how
-// many the stream delivered (poison included).
-func (w *Worker) collect(ctx context.Context, key string, c *redis.XStreamSliceCmd, out *[]stream.Message) int {
-	res, err := c.Result()
-	switch {
-	case err == redis.Nil:
-		return 0
-	case stream.IsNoGroup(err):
-		if err := stream.EnsureGroup(ctx, w.rdb, key); err != nil {
-			w.log.Warn("creating consumer group failed", zap.String("stream", key), zap.Error(err))
+// collectRead decodes one readScript answer.
+func (w *Worker) collectRead(ctx context.Context, c *redis.Cmd) []stream.Message {
+	res, err := c.Slice()
+	if err != nil {
+		if err != redis.Nil && ctx.Err() == nil {
+			w.log.Warn("reading streams failed", zap.Error(err))
 		}
-		return 0
-	case err != nil:
-		if ctx.Err() == nil {
-			w.log.Warn("reading stream failed", zap.String("stream", key), zap.Error(err))
-		}
-		return 0
+		return nil
 	}
-	n := 0
-	for _, s := range res {
-		for _, x := range s.Messages {
-			n++
-			m, err := stream.Parse(s.Stream, x)
-			if err != nil {
-				w.deadLetter(ctx, s.Stream, x, err)
-				continue
+	var out []stream.Message
+	for _, r := range res {
+		pair, _ := r.([]any)
+		if len(pair) != 2 {
+			continue
+		}
+		key, _ := pair[0].(string)
+		switch v := pair[1].(type) {
+		case string:
+			if ctx.Err() == nil {
+				w.log.Warn("reading stream failed", zap.String("stream", key), zap.String("error", v))
 			}
-			m.Deliveries = 1 + m.Carried
-			if m.Deliveries > w.cfg.MaxDeliveries {
-				w.poison(ctx, m)
-				continue
-			}
-			*out = append(*out, m)
+		case []any:
+			w.collect(ctx, key, entries(v), &out)
 		}
 	}
-	return n
+	return out
+}
+
+// entries decodes stream entries from a script's answer.
+func entries(v []any) []redis.XMessage {
+	out := make([]redis.XMessage, 0, len(v))
+	for _, e := range v {
+		pair, _ := e.([]any)
+		if len(pair) != 2 {
+			continue
+		}
+		id, _ := pair[0].(string)
+		fields, _ := pair[1].([]any)
+		values := make(map[string]any, len(fields)/2)
+		for i := 0; i+1 < len(fields); i += 2 {
+			if k, ok := fields[i].(string); ok {
+				values[k] = fields[i+1]
+			}
+		}
+		out = append(out, redis.XMessage{ID: id, Values: values})
+	}
+	return out
+}
+
+// collect appends the decodable messages of one read of a stream to out,
+// dead-letters the undecodable ones and reports those delivered too often.
+func (w *Worker) collect(ctx context.Context, key string, xs []redis.XMessage, out *[]stream.Message) {
+	for _, x := range xs {
+		m, err := stream.Parse(key, x)
+		if err != nil {
+			w.deadLetter(ctx, key, x, err)
+			continue
+		}
+		m.Deliveries = 1 + m.Carried
+		if m.Deliveries > w.cfg.MaxDeliveries {
+			w.poison(ctx, m)
+			continue
+		}
+		*out = append(*out, m)
+	}
 }
 
 // deadLetter moves an undecodable message aside so it is never delivered
@@ -531,12 +571,22 @@ func (w *Worker) acquire(ctx context.Context, req taskapi.AcquireRequest) (taska
 // fails stays pending here and is reclaimed after ClaimIdle.
 func (w *Worker) putBack(ctx context.Context, msgs []stream.Message) {
 	pipe := w.rdb.Pipeline()
+	now := time.Now()
+	woken := map[string]bool{}
 	for _, m := range msgs {
 		if m.ID == "" {
 			continue
 		}
-		m.EnqueuedAt, m.Carried = time.Now(), m.Deliveries
+		m.EnqueuedAt, m.Carried = now, m.Deliveries
 		stream.PutBack(ctx, pipe, m)
+		if s := w.scheds[m.Queue]; s != nil && !woken[m.Queue+"/"+m.Tenant.String()] {
+			// Workers read only tenants that published: this is a publish.
+			woken[m.Queue+"/"+m.Tenant.String()] = true
+			r := s.route(m.Tenant)
+			member := stream.ActiveMember(m.Tenant, r.shards, r.weight)
+			pipe.ZAdd(ctx, w.names.Active(m.Queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+			pipe.Publish(ctx, w.names.Wake(m.Queue), stream.WakePayload(member, now))
+		}
 	}
 	if pipe.Len() == 0 {
 		return
@@ -808,8 +858,12 @@ func (w *Worker) renewLoop(ctx context.Context) {
 	}
 }
 
-// reclaimLoop takes over messages a dead consumer left pending, and drops
-// the consumers that are long gone.
+// reclaimLoop takes over messages a dead consumer left pending. It looks
+// only where something can be pending: at tenants not known to have empty
+// streams (a tenant found empty is settled until it publishes again), and
+// of those only at the shards that hold a message idle for ClaimIdle, so
+// quiet tenants cost it nothing and it takes slots only to run what it
+// claims.
 func (w *Worker) reclaimLoop(ctx, execCtx context.Context) {
 	interval := max(w.cfg.ClaimIdle/2, 100*time.Millisecond)
 	t := time.NewTicker(interval)
@@ -822,13 +876,57 @@ func (w *Worker) reclaimLoop(ctx, execCtx context.Context) {
 		}
 		w.keepHeld(ctx)
 		for _, q := range w.cfg.Queues {
-			for _, ts := range w.scheds[q].routes() {
-				for _, key := range w.names.Streams(ts.tenant, q, ts.shards) {
-					if ctx.Err() != nil {
-						return
+			w.reclaimQueue(ctx, execCtx, q)
+		}
+		w.reclaimPasses.Add(1)
+	}
+}
+
+// reclaimChunk bounds the tenants probed in one pipelined round trip.
+const reclaimChunk = 256
+
+// reclaimQueue runs one reclaim pass over a queue.
+func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
+	qs := w.scheds[queue]
+	cands := qs.unsettled()
+	for len(cands) > 0 && ctx.Err() == nil {
+		part := cands[:min(reclaimChunk, len(cands))]
+		cands = cands[len(part):]
+		pipe := w.rdb.Pipeline()
+		lens := make([][]*redis.IntCmd, len(part))
+		for i, c := range part {
+			for _, key := range w.names.Streams(c.route.tenant, queue, c.route.shards) {
+				lens[i] = append(lens[i], pipe.XLen(ctx, key))
+			}
+		}
+		_, _ = pipe.Exec(ctx) // per-command errors are read below
+		var busy []string
+		for i, c := range part {
+			empty := true
+			for shard, l := range lens[i] {
+				if n, err := l.Result(); err != nil || n > 0 {
+					empty = false
+					if err == nil {
+						busy = append(busy, w.names.Stream(c.route.tenant, queue, shard))
 					}
-					w.reclaim(ctx, execCtx, key)
 				}
+			}
+			if empty {
+				qs.settleEmpty(c)
+			}
+		}
+		if len(busy) == 0 {
+			continue
+		}
+		pipe = w.rdb.Pipeline()
+		idle := make([]*redis.XPendingExtCmd, len(busy))
+		for i, key := range busy {
+			idle[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: stream.Group, Idle: w.cfg.ClaimIdle, Start: "-", End: "+", Count: 1})
+		}
+		_, _ = pipe.Exec(ctx)
+		for i, key := range busy {
+			if p, err := idle[i].Result(); err == nil && len(p) > 0 {
+				w.reclaim(ctx, execCtx, key)
 			}
 		}
 	}

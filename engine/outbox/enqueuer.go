@@ -92,8 +92,6 @@ type Enqueuer struct {
 	shardsMu sync.Mutex
 	shards   map[uuid.UUID]shardEntry
 	groups   sync.Map // stream key -> struct{}: consumer group ensured
-	// activeSeen: queue|member -> time of the last ZADD to the active set.
-	activeSeen sync.Map
 
 	fresh chan []row // fresh rows waiting for a publisher (PublishNow)
 
@@ -329,15 +327,12 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 	}
 	for k := range active {
 		member := stream.ActiveMember(k.tenant, routes[k.tenant].Shards, routes[k.tenant].Weight)
-		// The active set only needs to know a tenant is recent; refresh it at
-		// most once a second per tenant and queue.
-		ak := k.queue + "|" + member
-		if last, ok := e.activeSeen.Load(ak); !ok || now.Sub(last.(time.Time)) > time.Second {
-			pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
-			e.activeSeen.Store(ak, now)
-		}
-		// The wake-up names the tenant, so a worker reads a new tenant at once.
-		pipe.Publish(ctx, e.names.Wake(k.queue), member)
+		// Every publish writes its time to the active set and names it in the
+		// wake-up: workers read a tenant that published at once, and a worker
+		// that missed the wake-up finds the new score in the set within a
+		// second (workers do not poll tenants that went quiet).
+		pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+		pipe.Publish(ctx, e.names.Wake(k.queue), stream.WakePayload(member, now))
 	}
 	_, _ = pipe.Exec(ctx) // per-command errors are read below
 	for i, c := range cmds {

@@ -164,6 +164,31 @@ func ParseActiveMember(m string) (tenant uuid.UUID, shards, weight int, err erro
 	return tenant, shards, weight, nil
 }
 
+// Wake-ups carry the tenant's active member and the score its publish
+// wrote to the Active set, "<member>@<milliseconds>", so a worker that got
+// the wake-up knows that score already, and one that sees a score it does
+// not know in the Active set knows it missed a wake-up.
+
+// WakePayload encodes a wake-up.
+func WakePayload(member string, at time.Time) string {
+	return member + "@" + strconv.FormatInt(at.UnixMilli(), 10)
+}
+
+// ParseWake decodes a wake-up; published is 0 when the payload has no
+// score (a bare member).
+func ParseWake(s string) (tenant uuid.UUID, shards, weight int, published float64, err error) {
+	member, at, found := strings.Cut(s, "@")
+	if found {
+		ms, perr := strconv.ParseInt(at, 10, 64)
+		if perr != nil {
+			return uuid.Nil, 0, 0, 0, fmt.Errorf("bad wake-up %q", s)
+		}
+		published = float64(ms)
+	}
+	tenant, shards, weight, err = ParseActiveMember(member)
+	return tenant, shards, weight, published, err
+}
+
 // ShardFor picks the shard of a task: a stable spread of its id.
 func ShardFor(task uuid.UUID, shards int) int {
 	if shards <= 1 {

@@ -38,6 +38,27 @@ func TestStreamKeysCarryTheTenantHashTag(t *testing.T) {
 	}
 }
 
+// TestWakePayloadCarriesThePublishScore: a wake-up names the tenant and
+// the score its publish wrote to the active set; a bare member (an older
+// enqueuer) still decodes, with no score.
+func TestWakePayloadCarriesThePublishScore(t *testing.T) {
+	tenant := uuid.New()
+	at := time.UnixMilli(1_790_000_000_123)
+	id, shards, weight, published, err := ParseWake(WakePayload(ActiveMember(tenant, 4, 2), at))
+	require.NoError(t, err)
+	assert.Equal(t, tenant, id)
+	assert.Equal(t, 4, shards)
+	assert.Equal(t, 2, weight)
+	assert.Equal(t, float64(at.UnixMilli()), published)
+	_, _, _, published, err = ParseWake(ActiveMember(tenant, 1, 1))
+	require.NoError(t, err)
+	assert.Zero(t, published)
+	for _, bad := range []string{tenant.String() + "/1/1@x", "@1", "x/1@5"} {
+		_, _, _, _, err := ParseWake(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
 func TestShardForIsStableAndSpreads(t *testing.T) {
 	counts := make([]int, 8)
 	for i := 0; i < 8000; i++ {
