@@ -69,7 +69,7 @@ func (b *backlog) publish() {
 func (b *backlog) streamed() int {
 	b.t.Helper()
 	ctx := context.Background()
-	keys, err := b.env.Redis.Keys(ctx, b.names.NS+":{"+b.tenant.String()+"}:q:*").Result()
+	keys, err := testenv.Keys(ctx, b.env.Redis, b.names.NS+":{"+b.tenant.String()+"}:q:*")
 	require.NoError(b.t, err)
 	n := 0
 	for _, k := range keys {
@@ -117,7 +117,7 @@ func TestLostMessagesAreRedispatchedOnceEach(t *testing.T) {
 	t.Parallel()
 	b := newBacklog(t, 6, 500, 700)
 	ctx := context.Background()
-	keys, err := b.env.Redis.Keys(ctx, b.names.NS+":{"+b.tenant.String()+"}:*").Result()
+	keys, err := testenv.Keys(ctx, b.env.Redis, b.names.NS+":{"+b.tenant.String()+"}:*")
 	require.NoError(t, err)
 	require.NotEmpty(t, keys)
 	require.NoError(t, b.env.Redis.Del(ctx, keys...).Err(), "the tenant's streams and queued hash are gone")
@@ -139,7 +139,7 @@ func TestOnlyTheLostMessagesOfABacklogAreRedispatched(t *testing.T) {
 	t.Parallel()
 	b := newBacklog(t, 4, 500, 500)
 	ctx := context.Background()
-	keys, err := b.env.Redis.Keys(ctx, b.names.NS+":{"+b.tenant.String()+"}:q:*").Result()
+	keys, err := testenv.Keys(ctx, b.env.Redis, b.names.NS+":{"+b.tenant.String()+"}:q:*")
 	require.NoError(t, err)
 	var gone []stream.Message
 	for _, k := range keys {

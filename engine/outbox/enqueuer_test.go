@@ -14,12 +14,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/internal/pg"
+	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -42,8 +42,11 @@ func crashChild() {
 	if err != nil {
 		panic(err)
 	}
-	opts, _ := redis.ParseURL(os.Getenv("REDIS_URL"))
-	e := New(pg.New(nil, pool, false), os.Getenv("SYSTEM_URL"), redis.NewClient(opts), stream.NewNames(os.Getenv("NAMESPACE")), Config{}, nil)
+	rdb, _, err := redisconn.Open(os.Getenv("REDIS_URL"))
+	if err != nil {
+		panic(err)
+	}
+	e := New(pg.New(nil, pool, false), os.Getenv("SYSTEM_URL"), rdb, stream.NewNames(os.Getenv("NAMESPACE")), Config{}, nil)
 	e.afterPublish = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 	_, err = e.Drain(ctx)
 	panic(fmt.Sprintf("child survived the kill: %v", err))

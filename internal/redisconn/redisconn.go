@@ -104,7 +104,10 @@ func Open(rawURL string) (redis.UniversalClient, Topology, error) {
 	switch p.topo.Kind {
 	case Cluster:
 		c := redis.NewClusterClient(p.cluster)
-		c.AddHook(reloadOnConnError{c})
+		h := reloadOnConnError{c}
+		c.AddHook(h)
+		// (Nodes are created lazily, so every node gets the dial hook.)
+		c.OnNewNode(func(n *redis.Client) { n.AddHook(h) })
 		return c, p.topo, nil
 	case Sentinel:
 		return redis.NewFailoverClient(p.failover), p.topo, nil
@@ -236,13 +239,23 @@ func scrub(err error, secrets []string) error {
 }
 
 // reloadOnConnError makes a cluster client re-read the topology as soon as
-// a node cannot be reached (a master died: its replica is promoted within
-// the cluster's node timeout, and go-redis would otherwise keep sending
-// that master's slots to the dead node until its periodic reload). Reloads
-// are coalesced by go-redis (at most one per 200 ms).
+// a node cannot be reached — dialled in vain, or a command failed for want
+// of an answer (a master died: its replica is promoted within the
+// cluster's node timeout, and go-redis would otherwise keep sending that
+// master's slots to the dead node until its periodic reload). Reloads are
+// coalesced by go-redis (at most one per 200 ms). On the cluster client it
+// watches commands; on each node's client, dials.
 type reloadOnConnError struct{ c *redis.ClusterClient }
 
-func (h reloadOnConnError) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h reloadOnConnError) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := next(ctx, network, addr)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			h.c.ReloadState(ctx)
+		}
+		return conn, err
+	}
+}
 
 func (h reloadOnConnError) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
