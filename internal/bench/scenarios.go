@@ -38,7 +38,7 @@ const (
 
 // All lists every scenario in the order they run.
 var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
-	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle, BacklogAtQuota}
+	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -92,6 +92,18 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runNoisyNeighbour(ctx, o, &rep, n(20_000), n(200))
 		case BacklogAtQuota:
 			r, err = runBacklogAtQuota(ctx, o, &rep, n(100_000), 2*time.Minute)
+		case Tenants1:
+			r, err = runManyTenants(ctx, o, &rep, name, 1, n(2000), false)
+		case StartThroughput:
+			r, err = runStartThroughput(ctx, o, &rep, n(10_000))
+		case Tenants1Stream:
+			r, err = runManyTenants(ctx, o, &rep, name, 1, n(2000), true)
+		case Tenants100:
+			r, err = runManyTenants(ctx, o, &rep, name, 100, n(2000), false)
+		case Tenants1000:
+			r, err = runManyTenants(ctx, o, &rep, name, 1000, n(2000), false)
+		case Tenants10000:
+			r, err = runManyTenants(ctx, o, &rep, name, 10_000, n(2000), false)
 		}
 		if err != nil {
 			return rep, fmt.Errorf("%s: %w", name, err)
