@@ -40,6 +40,7 @@ import (
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/pg"
+	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -289,8 +290,6 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		tenant uuid.UUID
 		queue  string
 	}
-	active := map[tq]bool{}
-	handlerWakes := map[string]bool{}
 	for i, r := range batch {
 		if r.topic != "task" {
 			failed[i] = fmt.Errorf("unknown outbox topic %q", r.topic)
@@ -316,6 +315,24 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		// Streams are not trimmed: every message is counted in its tenant's
 		// queued hash (stream.Add), which a trim would leave behind.
 		cmds[i] = stream.Add(ctx, pipe, key, msg)
+	}
+	// The active set and the wake-ups tell workers that a tenant has work,
+	// and a worker that reads a tenant and finds nothing lets it rest until
+	// the next such news: they must never overtake the messages. One
+	// pipeline to one server runs in order; a cluster's pipeline sends each
+	// node its commands concurrently, so there they follow in a second
+	// round trip, once the messages are in (and only for those that are).
+	wakes := pipe
+	if !redisconn.PipelineKeepsOrder(e.rdb) {
+		_, _ = pipe.Exec(ctx) // per-command errors are read below
+		wakes = e.rdb.Pipeline()
+	}
+	active := map[tq]bool{}
+	handlerWakes := map[string]bool{}
+	for i, r := range batch {
+		if cmds[i] == nil || (wakes != pipe && cmds[i].Err() != nil) {
+			continue
+		}
 		if r.handler != "" {
 			handlerWakes[stream.HandlerRoute(r.tenant, r.queue, r.handler)] = true
 		} else {
@@ -323,7 +340,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		}
 	}
 	for route := range handlerWakes {
-		pipe.Publish(ctx, e.names.HandlerWake(), route)
+		wakes.Publish(ctx, e.names.HandlerWake(), route)
 	}
 	for k := range active {
 		member := stream.ActiveMember(k.tenant, routes[k.tenant].Shards, routes[k.tenant].Weight)
@@ -331,10 +348,12 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		// wake-up: workers read a tenant that published at once, and a worker
 		// that missed the wake-up finds the new score in the set within a
 		// second (workers do not poll tenants that went quiet).
-		pipe.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
-		pipe.Publish(ctx, e.names.Wake(k.queue), stream.WakePayload(member, now))
+		wakes.ZAdd(ctx, e.names.Active(k.queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+		wakes.Publish(ctx, e.names.Wake(k.queue), stream.WakePayload(member, now))
 	}
-	_, _ = pipe.Exec(ctx) // per-command errors are read below
+	if wakes.Len() > 0 {
+		_, _ = wakes.Exec(ctx) // per-command errors are read below (a lost wake-up is caught by the active set)
+	}
 	for i, c := range cmds {
 		if c == nil {
 			continue

@@ -51,6 +51,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/lifecycle"
+	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -521,8 +522,9 @@ type answer struct {
 
 // settle acknowledges and deletes done messages, puts back the back ones
 // (re-added, then acknowledged, so the next poll reads them) and keeps the
-// poll's answer for a repeat, in one round trip. A message whose put-back
-// fails stays pending and is taken over after ReclaimIdle.
+// poll's answer for a repeat, in one round trip (two on a cluster when
+// messages go back). A message whose put-back fails stays pending and is
+// taken over after ReclaimIdle.
 func (p *Poller) settle(ctx context.Context, c Caller, q *poll, done, back []stream.Message, leased []engine.Lease) {
 	pipe := p.rdb.Pipeline()
 	stream.Settle(ctx, pipe, done...)
@@ -530,13 +532,24 @@ func (p *Poller) settle(ctx context.Context, c Caller, q *poll, done, back []str
 		m.EnqueuedAt = time.Now()
 		stream.PutBack(ctx, pipe, m)
 	}
+	// The wake-ups must not overtake the messages put back (a poll woken
+	// early finds nothing and waits): on a cluster they follow once the
+	// put-backs are in (see redisconn.PipelineKeepsOrder).
+	wakes := pipe
+	if len(back) > 0 && !redisconn.PipelineKeepsOrder(p.rdb) {
+		if _, err := pipe.Exec(ctx); err != nil {
+			p.log.Warn("settling polled messages failed; they are taken over later", zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
+		}
+		wakes = p.rdb.Pipeline()
+	}
 	woken := map[string]bool{}
 	for _, m := range back {
 		if r := stream.HandlerRoute(c.Tenant, m.Queue, m.Handler); !woken[r] {
 			woken[r] = true
-			pipe.Publish(ctx, p.names.HandlerWake(), r)
+			wakes.Publish(ctx, p.names.HandlerWake(), r)
 		}
 	}
+	pipe = wakes
 	if len(leased) > 0 && q != nil {
 		kept := make([]answer, len(leased))
 		for i, l := range leased {

@@ -298,3 +298,15 @@ func topologyMayHaveChanged(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, context.DeadlineExceeded)
 }
+
+// PipelineKeepsOrder reports whether the commands of one pipeline run in
+// the order they were queued, whatever their keys: true for one server
+// (or a Sentinel's master: one connection), false for a cluster, whose
+// pipeline sends each node its commands concurrently. Code that must make
+// one write visible before another on a different slot — a message
+// before the wake-up announcing it — executes the first pipeline before
+// queuing the second when it does not.
+func PipelineKeepsOrder(rdb redis.UniversalClient) bool {
+	_, cluster := rdb.(*redis.ClusterClient)
+	return !cluster
+}

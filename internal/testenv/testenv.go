@@ -324,6 +324,15 @@ func NewCluster(t testing.TB) *Env {
 	return e
 }
 
+// WithCluster returns an Env with a fresh database and its Redis
+// namespace on the shared Redis Cluster.
+func WithCluster(t testing.TB) *Env {
+	t.Helper()
+	e := NewCluster(t)
+	e.newDatabase(t)
+	return e
+}
+
 func (e *Env) openRedis(t testing.TB, rawURL, variable string) {
 	t.Helper()
 	e.RedisURL = rawURL
