@@ -462,6 +462,7 @@ func TestStartRunIsOneTransaction(t *testing.T) {
 // wsClient speaks graphql-transport-ws.
 type wsClient struct {
 	t    *testing.T
+	sys  *apptest.System
 	conn *websocket.Conn
 }
 
@@ -478,7 +479,7 @@ func dialWS(t *testing.T, sys *apptest.System, credential string) *wsClient {
 		&websocket.DialOptions{Subprotocols: []string{"graphql-transport-ws"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.CloseNow() })
-	c := &wsClient{t: t, conn: conn}
+	c := &wsClient{t: t, sys: sys, conn: conn}
 	init, _ := json.Marshal(map[string]string{"Authorization": "Bearer " + credential})
 	require.NoError(t, wsjson.Write(ctx, conn, wsMsg{Type: "connection_init", Payload: init}))
 	m := c.next(10 * time.Second)

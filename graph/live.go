@@ -267,6 +267,18 @@ func (s *liveSub) deliver(u Update) {
 	}
 }
 
+// Subscriptions counts the live subscriptions this replica holds (tests
+// wait for theirs to be registered before making a change).
+func (l *Live) Subscriptions() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, ts := range l.tenants {
+		n += len(ts.subs)
+	}
+	return n
+}
+
 // Subscribe returns the updates of one run of a tenant (run set) or of
 // all its runs (run nil) for the principal, until cancel is called.
 func (l *Live) Subscribe(ctx context.Context, tenant uuid.UUID, principal string, run uuid.UUID) (<-chan Update, func(), error) {

@@ -196,6 +196,17 @@ func TestLiveReadsEachChangeOnceAndShowsTheTasksAsTheyAreNow(t *testing.T) {
 // must see it.
 func following(t *testing.T, c *wsClient, prefix string, n int) map[string]bool {
 	t.Helper()
+	before := c.sys.Server.Live.Subscriptions()
+	ids := asking(c, prefix, n)
+	// (A frame is handled on the server's own time: a change made before
+	// the subscription exists would never reach it.)
+	require.Eventually(t, func() bool { return c.sys.Server.Live.Subscriptions() >= before+n }, 20*time.Second, 5*time.Millisecond,
+		"the server registers the subscriptions")
+	return ids
+}
+
+// asking opens n runsChanged subscriptions on c without waiting for them.
+func asking(c *wsClient, prefix string, n int) map[string]bool {
 	ids := map[string]bool{}
 	for i := range n {
 		id := fmt.Sprintf("%s-%d", prefix, i)
@@ -296,7 +307,7 @@ func TestLiveSubscriptionsAreCappedPerPrincipalAndPerTenant(t *testing.T) {
 	require.Eventually(t, func() bool {
 		c := dialWS(t, sys, lateToken)
 		defer func() { _ = c.conn.CloseNow() }()
-		following(t, c, "again", 1)
+		asking(c, "again", 1) // (refused until the closed socket's are given back)
 		startIn(t, sys, a)
 		for {
 			m := c.next(10 * time.Second)
