@@ -6,7 +6,17 @@ GO    ?= go
 BIN   := bin/composer
 PKGS  := ./...
 
-.PHONY: run test bench generate lint migrate services build tools clean
+.PHONY: run test test-cluster bench generate lint migrate services build tools clean
+
+# The Redis Cluster scripts/services.sh starts, and the packages whose tests
+# talk to Redis: `make test-cluster` runs them again on it. (-short leaves
+# out the e2e tests that start their own servers, the cluster failover test
+# among them, which the main suite runs; the 100,000-task backlog test
+# exercises PostgreSQL's sweep, not Redis.)
+CLUSTER_URL  ?= redis+cluster://127.0.0.1:7101?addr=127.0.0.1:7102&addr=127.0.0.1:7103
+CLUSTER_PKGS := ./engine ./engine/outbox ./engine/stream ./engine/taskpoll ./engine/taskserver ./workers ./tenants ./graph ./e2e
+CLUSTER_TEST  = COMPOSER_TEST_REDIS_URL='$(CLUSTER_URL)' $(GO) test -race -count=1 -short -timeout 15m \
+	-skip '^TestAWaitingBacklogIsNeverRedispatched$$' $(CLUSTER_PKGS)
 
 ## services: install/start PostgreSQL and Redis, create roles and the database (idempotent)
 services:
@@ -20,9 +30,16 @@ build:
 run: services build
 	COMPOSER_DEV=true ./$(BIN) dev
 
-## test: lint, then the full suite with the race detector against real services
+## test: lint, then the full suite with the race detector against real services, then
+## the Redis-facing packages' tests again on a Redis Cluster (test-cluster)
 test: services lint
 	RAPID_CHECKS=1000 $(GO) test -race -count=1 -timeout 25m $(PKGS)
+	$(CLUSTER_TEST)
+
+## test-cluster: the engine, worker, quota, rate-limit, live-update and e2e tests on the
+## local Redis Cluster (3 masters, 3 replicas) that scripts/services.sh starts
+test-cluster: services
+	$(CLUSTER_TEST)
 
 ## bench: the benchmarks (see docs/benchmarks.md): end to end, then the pure core
 bench: services build
