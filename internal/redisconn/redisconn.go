@@ -310,3 +310,18 @@ func PipelineKeepsOrder(rdb redis.UniversalClient) bool {
 	_, cluster := rdb.(*redis.ClusterClient)
 	return !cluster
 }
+
+// ForEachMaster calls fn with a client of every master: the server itself
+// (or the Sentinel's master), or each master of a cluster, concurrently.
+// For what must visit every key — cleaning a namespace up — since SCAN and
+// KEYS on a cluster client see one node only.
+func ForEachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(context.Context, *redis.Client) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	default:
+		return fmt.Errorf("redisconn: unknown Redis client %T", rdb)
+	}
+}

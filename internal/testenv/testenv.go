@@ -392,17 +392,10 @@ func Keys(ctx context.Context, rdb redis.UniversalClient, pattern string) ([]str
 	return out, err
 }
 
-// ForEachMaster calls fn with a client of every master: the server itself,
-// or each master of a cluster (concurrently).
+// ForEachMaster calls fn with a client of every master (see
+// redisconn.ForEachMaster).
 func ForEachMaster(ctx context.Context, rdb redis.UniversalClient, fn func(context.Context, *redis.Client) error) error {
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, fn)
-	case *redis.Client:
-		return fn(ctx, c)
-	default:
-		return fmt.Errorf("testenv: unknown Redis client %T", rdb)
-	}
+	return redisconn.ForEachMaster(ctx, rdb, fn)
 }
 
 // NewPrivateRedis starts a redis-server of the test's own on a free port
