@@ -571,6 +571,7 @@ func (w *Worker) acquire(ctx context.Context, req taskapi.AcquireRequest) (taska
 // fails stays pending here and is reclaimed after ClaimIdle.
 func (w *Worker) putBack(ctx context.Context, msgs []stream.Message) {
 	pipe := w.rdb.Pipeline()
+	news := w.rdb.Pipeline()
 	now := time.Now()
 	woken := map[string]bool{}
 	for _, m := range msgs {
@@ -584,8 +585,9 @@ func (w *Worker) putBack(ctx context.Context, msgs []stream.Message) {
 			woken[m.Queue+"/"+m.Tenant.String()] = true
 			r := s.route(m.Tenant)
 			member := stream.ActiveMember(m.Tenant, r.shards, r.weight)
-			pipe.ZAdd(ctx, w.names.Active(m.Queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
-			pipe.Publish(ctx, w.names.Wake(m.Queue), stream.WakePayload(member, now))
+			news.ZAdd(ctx, w.names.Active(m.Queue), redis.Z{Score: float64(now.UnixMilli()), Member: member})
+			news.Publish(ctx, w.names.Wake(m.Queue), stream.WakePayload(member, now))
+			s.woke(r, 0) // this worker reads it again, whatever becomes of the news
 		}
 	}
 	if pipe.Len() == 0 {
@@ -593,6 +595,14 @@ func (w *Worker) putBack(ctx context.Context, msgs []stream.Message) {
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		w.log.Warn("putting messages back failed; they are reclaimed later", zap.Error(err))
+	}
+	// The news goes out once the messages are in: on a cluster a pipeline
+	// runs each node's commands concurrently, and a worker woken before
+	// the message landed would find the tenant empty and let it rest.
+	if news.Len() > 0 {
+		if _, err := news.Exec(ctx); err != nil {
+			w.log.Warn("announcing put-back messages failed; only this worker reads them until the tenant publishes again", zap.Error(err))
+		}
 	}
 }
 
