@@ -33,6 +33,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/migrations"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
@@ -293,22 +294,19 @@ func setupWith(ctx context.Context, opts Options, workerCfg func(*workers.Config
 			_, _ = a.Exec(dctx, "DROP DATABASE IF EXISTS "+e.dbName+" WITH (FORCE)")
 			a.Close(dctx)
 		}
-		rdb := redis.NewClient(mustRedisOpts(cfg.RedisURL))
-		iter := rdb.Scan(dctx, 0, cfg.RedisNamespace+":*", 1000).Iterator()
-		for iter.Next(dctx) {
-			rdb.Unlink(dctx, iter.Val())
+		// Every master of a cluster holds some of the namespace's keys.
+		if rdb, _, err := redisconn.Open(cfg.RedisURL); err == nil {
+			_ = redisconn.ForEachMaster(dctx, rdb, func(ctx context.Context, c *redis.Client) error {
+				iter := c.Scan(ctx, 0, cfg.RedisNamespace+":*", 1000).Iterator()
+				for iter.Next(ctx) {
+					c.Unlink(ctx, iter.Val())
+				}
+				return iter.Err()
+			})
+			rdb.Close()
 		}
-		rdb.Close()
 	}
 	return e, nil
-}
-
-func mustRedisOpts(u string) *redis.Options {
-	o, err := redis.ParseURL(u)
-	if err != nil {
-		panic(err)
-	}
-	return o
 }
 
 func withDB(raw, db string) string {
