@@ -72,76 +72,159 @@ func checkLease(owner string, ttl time.Duration, n int) error {
 // permits. A request refused for quota is not acquired either, and the
 // returned Quota tells the worker the tenant is full.
 func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Lease, Quota, error) {
-	if err := checkLease(owner, ttl, len(reqs)); err != nil {
+	res, err := c.AcquireLeasesOf(ctx, owner, ttl, []TenantLeases{{Tenant: tenant, Requests: reqs}})
+	if err != nil {
 		return nil, Quota{}, err
 	}
-	out := make([]Lease, len(reqs))
-	idx := map[uuid.UUID][]int{}
-	for i, r := range reqs {
-		out[i] = Lease{TaskID: r.TaskID}
-		idx[r.TaskID] = append(idx[r.TaskID], i)
-	}
-	var q Quota
-	permits := make([]tenants.Permit, len(reqs))
-	for i := range permits {
-		permits[i] = tenants.PermitHeld // no quota: nothing to take or give back
-	}
-	var members []string
-	permitsAt := time.Now() // no earlier than the permits' own clock reading, less any skew
-	if c.opts.Slots != nil {
-		limit, err := c.limits.get(ctx, tenant)
-		if err != nil {
-			return nil, Quota{}, err
+	return res[0].Leases, res[0].Quota, nil
+}
+
+// TenantLeases are one tenant's lease requests in AcquireLeasesOf; the
+// answer fills Leases (one per request, in order) and Quota.
+type TenantLeases struct {
+	Tenant   uuid.UUID
+	Requests []LeaseRequest
+	Leases   []Lease
+	Quota    Quota
+}
+
+// AcquireLeasesOf is AcquireLeases for the requests of several tenants (a
+// platform worker's fill spreads over tenants): each tenant's quota
+// permits as there, and every lease statement in one implicit transaction
+// and one round trip, each tenant's statements under its own tenant
+// setting (pg.DB.PipelineTenants: row-level security applies to each
+// statement as in a transaction of that tenant alone). One commit for the
+// whole fill instead of one per tenant; if it fails, every tenant's
+// permits go back and the worker puts the messages back.
+func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl time.Duration, groups []TenantLeases) ([]TenantLeases, error) {
+	total := 0
+	for _, g := range groups {
+		if g.Tenant == uuid.Nil {
+			return nil, errs.E(errs.Unauthenticated, "no tenant")
 		}
-		if limit > 0 {
-			members = make([]string, len(reqs))
-			for i, r := range reqs {
-				members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
-			}
-			if permits, q.Running, err = c.opts.Slots.Acquire(ctx, tenant, limit, ttl, members); err != nil {
-				return nil, Quota{}, err
-			}
-			q.Limit = limit
+		total += len(g.Requests)
+	}
+	if err := checkLease(owner, ttl, total); err != nil {
+		return nil, err
+	}
+	type prep struct {
+		idx       map[uuid.UUID][]int
+		permits   []tenants.Permit
+		members   []string
+		permitsAt time.Time
+	}
+	preps := make([]prep, len(groups))
+	if c.opts.Slots != nil && len(groups) > 1 {
+		ids := make([]uuid.UUID, len(groups))
+		for i, g := range groups {
+			ids[i] = g.Tenant
+		}
+		if err := c.limits.load(ctx, ids); err != nil {
+			return nil, err
 		}
 	}
-	// One primary-key UPDATE per request, all in one implicit transaction
-	// and one round trip. (A single UPDATE ... FROM unnest(...) is planned,
-	// as a generic plan, as a join over every pending task of the tenant.)
-	b := &pgx.Batch{}
-	for i, r := range reqs {
-		if !permits[i].Granted() {
-			continue
-		}
-		b.Queue(qAcquireLease,
-			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
-			if first := idx[r.TaskID][0]; first != i {
-				var ignored Lease // a duplicate request in the batch gets no second lease
-				return scanLease(rows, r.TaskID, &ignored)
+	// Permits taken so far go back if a later step fails.
+	giveBack := func(upTo int) {
+		for i := range upTo {
+			var taken []string
+			for j, m := range preps[i].members {
+				if preps[i].permits[j] == tenants.PermitTaken {
+					taken = append(taken, m)
+				}
 			}
-			return scanLease(rows, r.TaskID, &out[i])
-		})
+			if len(taken) > 0 {
+				if rerr := c.opts.Slots.Release(context.WithoutCancel(ctx), groups[i].Tenant, taken); rerr != nil {
+					c.log.Warn("giving back quota permits failed; they lapse with the lease TTL", zap.Error(rerr))
+				}
+			}
+		}
+	}
+	parts := make([]pg.TenantBatch, 0, len(groups))
+	for gi := range groups {
+		g := &groups[gi]
+		p := &preps[gi]
+		g.Leases = make([]Lease, len(g.Requests))
+		g.Quota = Quota{}
+		p.idx = map[uuid.UUID][]int{}
+		for i, r := range g.Requests {
+			g.Leases[i] = Lease{TaskID: r.TaskID}
+			p.idx[r.TaskID] = append(p.idx[r.TaskID], i)
+		}
+		p.permits = make([]tenants.Permit, len(g.Requests))
+		for i := range p.permits {
+			p.permits[i] = tenants.PermitHeld // no quota: nothing to take or give back
+		}
+		p.permitsAt = time.Now() // no earlier than the permits' own clock reading, less any skew
+		if c.opts.Slots != nil {
+			limit, err := c.limits.get(ctx, g.Tenant)
+			if err != nil {
+				giveBack(gi)
+				return nil, err
+			}
+			if limit > 0 {
+				p.members = make([]string, len(g.Requests))
+				for i, r := range g.Requests {
+					p.members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
+				}
+				if p.permits, g.Quota.Running, err = c.opts.Slots.Acquire(ctx, g.Tenant, limit, ttl, p.members); err != nil {
+					p.members = nil
+					giveBack(gi)
+					return nil, err
+				}
+				g.Quota.Limit = limit
+			}
+		}
+		// One primary-key UPDATE per request. (A single UPDATE ... FROM
+		// unnest(...) is planned, as a generic plan, as a join over every
+		// pending task of the tenant.)
+		b := &pgx.Batch{}
+		for i, r := range g.Requests {
+			if !p.permits[i].Granted() {
+				continue
+			}
+			b.Queue(qAcquireLease,
+				g.Tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+				if first := p.idx[r.TaskID][0]; first != i {
+					var ignored Lease // a duplicate request in the batch gets no second lease
+					return scanLease(rows, r.TaskID, &ignored)
+				}
+				return scanLease(rows, r.TaskID, &g.Leases[i])
+			})
+		}
+		if b.Len() > 0 {
+			parts = append(parts, pg.TenantBatch{Tenant: g.Tenant, Batch: b})
+		}
 	}
 	var err error
-	if b.Len() > 0 {
-		if err = c.db.Pipeline(ctx, tenant, b); err != nil {
+	if len(parts) > 0 {
+		if err = c.db.PipelineTenants(ctx, parts); err != nil {
 			err = fmt.Errorf("acquire leases: %w", err)
 		}
 	}
-	if members != nil {
+	for gi := range groups {
+		g, p := &groups[gi], &preps[gi]
+		if p.members == nil {
+			continue
+		}
+		if err != nil {
+			for i := range g.Leases {
+				g.Leases[i] = Lease{TaskID: g.Requests[i].TaskID}
+			}
+		}
 		// Permits this call took whose lease was not granted go back (all
 		// of them when the transaction failed). A permit the member already
 		// held stays: it is a live lease's — this owner asked again for a
 		// task it holds (a duplicate message) — and giving it back would let
 		// another task run in that lease's place.
 		kept := map[string]bool{}
-		for i, m := range members {
-			if err == nil && out[i].Acquired {
+		for i, m := range p.members {
+			if err == nil && g.Leases[i].Acquired {
 				kept[m] = true
 			}
 		}
 		var unused []string
-		for i, m := range members {
-			if permits[i] == tenants.PermitTaken && !kept[m] {
+		for i, m := range p.members {
+			if p.permits[i] == tenants.PermitTaken && !kept[m] {
 				kept[m] = true // once: a duplicate request named the same permit
 				unused = append(unused, m)
 			}
@@ -151,30 +234,30 @@ func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner
 		// came late (a wait for a connection, a loaded machine), the permits
 		// would lapse before their leases and let another task in: re-score
 		// them from now, while they are still held (they live a whole TTL).
-		if err == nil && time.Since(permitsAt) > tenants.PermitGrace/2 {
+		if err == nil && time.Since(p.permitsAt) > tenants.PermitGrace/2 {
 			var granted []string
-			for i, m := range members {
-				if out[i].Acquired {
+			for i, m := range p.members {
+				if g.Leases[i].Acquired {
 					granted = append(granted, m)
 				}
 			}
 			if len(granted) > 0 {
-				if rerr := c.opts.Slots.Renew(context.WithoutCancel(ctx), tenant, ttl, granted); rerr != nil {
+				if rerr := c.opts.Slots.Renew(context.WithoutCancel(ctx), g.Tenant, ttl, granted); rerr != nil {
 					c.log.Warn("extending quota permits of late leases failed", zap.Error(rerr))
 				}
 			}
 		}
 		if len(unused) > 0 {
-			if rerr := c.opts.Slots.Release(context.WithoutCancel(ctx), tenant, unused); rerr != nil {
+			if rerr := c.opts.Slots.Release(context.WithoutCancel(ctx), g.Tenant, unused); rerr != nil {
 				c.log.Warn("giving back quota permits failed; they lapse with the lease TTL", zap.Error(rerr))
 			}
-			q.Running -= len(unused)
+			g.Quota.Running -= len(unused)
 		}
 	}
 	if err != nil {
-		return nil, Quota{}, err
+		return nil, err
 	}
-	return out, q, nil
+	return groups, nil
 }
 
 // RunningLimit is the tenant's running-task limit (0: none), as the lease
@@ -362,6 +445,44 @@ const limitTTL = 5 * time.Second
 
 func newLimitCache(db *pg.DB) *limitCache {
 	return &limitCache{db: db, m: map[uuid.UUID]cachedLimit{}}
+}
+
+// load makes sure the cache holds a fresh limit for every tenant named,
+// reading the missing ones in one round trip and one transaction (each
+// read under its own tenant), so a lease call over many tenants that were
+// quiet costs one read, not one per tenant.
+func (l *limitCache) load(ctx context.Context, ids []uuid.UUID) error {
+	var parts []pg.TenantBatch
+	got := make([]int, len(ids))
+	var missing []uuid.UUID
+	l.mu.Lock()
+	for _, id := range ids {
+		if c, ok := l.m[id]; !ok || time.Since(c.at) >= limitTTL {
+			missing = append(missing, id)
+		}
+	}
+	l.mu.Unlock()
+	if len(missing) < 2 {
+		return nil // get reads a single one itself
+	}
+	for i, id := range missing {
+		b := &pgx.Batch{}
+		b.Queue(qRunningLimit, id).QueryRow(func(r pgx.Row) error { return r.Scan(&got[i]) })
+		parts = append(parts, pg.TenantBatch{Tenant: id, Batch: b})
+	}
+	if err := l.db.PipelineTenants(ctx, parts); err != nil {
+		return fmt.Errorf("running-task limits: %w", err)
+	}
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.m) > 100_000 {
+		clear(l.m)
+	}
+	for i, id := range missing {
+		l.m[id] = cachedLimit{limit: got[i], at: now}
+	}
+	return nil
 }
 
 func (l *limitCache) get(ctx context.Context, tenant uuid.UUID) (int, error) {

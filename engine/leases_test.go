@@ -88,3 +88,38 @@ func TestDuplicateAcquireKeepsTheLivePermit(t *testing.T) {
 	assert.False(t, ls[0].Acquired, "another task waits: the quota of 1 is held")
 	assert.True(t, q.Full())
 }
+
+// TestLeasesOfSeveralTenantsInOneTransaction: a platform worker's lease
+// call for several tenants (one transaction) leases each tenant's own task,
+// keeps each tenant's quota, and cannot lease one tenant's task under
+// another tenant's name (row-level security and the tenant column scope
+// every statement to its own tenant).
+func TestLeasesOfSeveralTenantsInOneTransaction(t *testing.T) {
+	t.Parallel()
+	f, slots := newQuotaFixture(t, 1)
+	ctx := context.Background()
+	other, err := tenants.Create(ctx, f.db, tenants.CreateParams{Name: "globex"})
+	require.NoError(t, err)
+	g := &fixture{t: t, env: f.env, db: f.db, c: f.c, tenant: other.ID}
+	def := `{"nodes":[{"id":"a","type":"noop"}]}`
+	runA1, runA2 := f.start(f.workflow(def), `{}`), f.start(f.workflow(def), `{}`)
+	runB := g.start(g.workflow(def), `{}`)
+	a1, a2, b := f.mustTask(runA1, "a"), f.mustTask(runA2, "a"), g.mustTask(runB, "a")
+
+	res, err := f.c.AcquireLeasesOf(ctx, "w1", time.Minute, []TenantLeases{
+		{Tenant: f.tenant, Requests: []LeaseRequest{{RunID: runA1, TaskID: a1.ID, Attempt: 1}, {RunID: runA2, TaskID: a2.ID, Attempt: 1}}},
+		// Tenant B names its own task, and tenant A's under B's name.
+		{Tenant: other.ID, Requests: []LeaseRequest{{RunID: runB, TaskID: b.ID, Attempt: 1}, {RunID: runA2, TaskID: a2.ID, Attempt: 1}}},
+	})
+	require.NoError(t, err)
+	require.Len(t, res, 2)
+	assert.True(t, res[0].Leases[0].Acquired, "A's first task")
+	assert.False(t, res[0].Leases[1].Acquired, "A's quota of 1 is full")
+	assert.True(t, res[0].Quota.Full())
+	assert.True(t, res[1].Leases[0].Acquired, "B's own task")
+	assert.False(t, res[1].Leases[1].Acquired, "A's task under B's name is not B's to lease")
+	assert.Equal(t, "pending", f.mustTask(runA2, "a").State)
+	held, err := slots.Held(ctx, f.tenant)
+	require.NoError(t, err)
+	assert.Equal(t, 1, held, "the refused permit went back")
+}

@@ -570,9 +570,8 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 }
 
 // fill hands free slots to tenants as the scheduler plans them: each round
-// reads every granted tenant in one pipelined round trip, and hands each
-// tenant's batch to a lease call off the loop (its slots are already
-// taken). A tenant that had less to read than its grant is left out of
+// reads every granted tenant in one pipelined round trip, and hands what
+// it read to one lease call off the loop (its slots are already taken). A tenant that had less to read than its grant is left out of
 // the rest of the fill, and its unused slots are planned again among the
 // others.
 func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched, free *int) int {
@@ -585,6 +584,7 @@ func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched
 		}
 		batches := w.readGrants(ctx, queue, grants)
 		now := time.Now()
+		var round []stream.Message
 		for i, g := range grants {
 			msgs := batches[i]
 			qs.settle(g, len(msgs), now)
@@ -594,14 +594,17 @@ func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched
 				}
 				skip[g.id] = true
 			}
-			if len(msgs) == 0 {
-				continue
-			}
-			*free -= len(msgs)
-			got += len(msgs)
-			w.running.Add(1)
-			go func() { defer w.running.Done(); w.dispatch(execCtx, msgs) }()
+			round = append(round, msgs...)
 		}
+		if len(round) == 0 {
+			continue
+		}
+		*free -= len(round)
+		got += len(round)
+		// One lease call (and one transaction) for the whole round,
+		// whichever tenants it spread over.
+		w.running.Add(1)
+		go func() { defer w.running.Done(); w.dispatch(execCtx, round) }()
 	}
 	return got
 }

@@ -491,7 +491,7 @@ func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
 	}
 }
 
-// dispatch leases a batch of messages of one tenant in one call and starts
+// dispatch leases a batch of messages (of one or more tenants) in one call and starts
 // each acquired task in the slot taken for it. A message not acquired
 // because the tenant's quota is full is held (it stays in this worker's
 // pending list) and retried when the tenant has room; any other is a

@@ -218,19 +218,27 @@ func (s *Server) acquire(ctx context.Context, c Caller, in taskapi.AcquireReques
 		return taskapi.AcquireResponse{}, err
 	}
 	out := taskapi.AcquireResponse{Leases: make([]taskapi.Lease, len(in.Leases))}
+	// Every tenant's leases in one transaction (each statement under its
+	// own tenant): a fill that spread over tenants costs one commit.
+	batch := make([]engine.TenantLeases, 0, len(groups))
+	var order [][]int
 	for tenant, idx := range groups {
 		reqs := make([]engine.LeaseRequest, len(idx))
 		for j, i := range idx {
 			r := in.Leases[i]
 			reqs[j] = engine.LeaseRequest{RunID: r.Run, TaskID: r.Task, Attempt: r.Attempt}
 		}
-		leases, quota, err := s.c.AcquireLeases(ctx, tenant, in.WorkerID, ttl(in.TTLMillis), reqs)
-		if err != nil {
-			return taskapi.AcquireResponse{}, err
-		}
-		out.Quotas = append(out.Quotas, taskapi.TenantQuota{Tenant: tenant, Limit: quota.Limit, Running: quota.Running})
-		for j, i := range idx {
-			out.Leases[i] = leaseOf(in.Leases[i], leases[j])
+		batch = append(batch, engine.TenantLeases{Tenant: tenant, Requests: reqs})
+		order = append(order, idx)
+	}
+	res, err := s.c.AcquireLeasesOf(ctx, in.WorkerID, ttl(in.TTLMillis), batch)
+	if err != nil {
+		return taskapi.AcquireResponse{}, err
+	}
+	for k, g := range res {
+		out.Quotas = append(out.Quotas, taskapi.TenantQuota{Tenant: g.Tenant, Limit: g.Quota.Limit, Running: g.Quota.Running})
+		for j, i := range order[k] {
+			out.Leases[i] = leaseOf(in.Leases[i], g.Leases[j])
 		}
 	}
 	return out, nil

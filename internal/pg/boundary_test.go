@@ -14,7 +14,8 @@ import (
 
 // TestRoleBoundaries: the system role (BYPASSRLS) is reachable only from
 // the cross-tenant loops and operator paths listed here, and the app role
-// without a tenant only from API-key authentication. A request-path
+// without a tenant only from API-key authentication, and one transaction
+// over several tenants only from the platform's lease path. A request-path
 // package that reached for either would fail this test before review.
 func TestRoleBoundaries(t *testing.T) {
 	system := map[string]bool{ // files whose statements span tenants
@@ -22,9 +23,12 @@ func TestRoleBoundaries(t *testing.T) {
 		"tenants/tenants.go": true, "tenants/limits.go": true, "internal/app/dev.go": true,
 	}
 	unscoped := map[string]bool{"auth/authenticate.go": true}
+	// One transaction over several tenants' statements: the platform's lease
+	// path only (a worker's fill), never a tenant's request.
+	multi := map[string]bool{"engine/leases.go": true}
 	root, err := filepath.Abs("../..")
 	require.NoError(t, err)
-	call := regexp.MustCompile(`\.(System|Unscoped)\(\)`)
+	call := regexp.MustCompile(`\.(System\(\)|Unscoped\(\)|PipelineTenants\()`)
 	seen := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -47,9 +51,11 @@ func TestRoleBoundaries(t *testing.T) {
 		for _, m := range call.FindAllStringSubmatch(string(src), -1) {
 			seen++
 			switch m[1] {
-			case "System":
+			case "PipelineTenants(":
+				assert.True(t, multi[rel], "%s runs several tenants' statements in one transaction; only the platform's lease path may", rel)
+			case "System()":
 				assert.True(t, system[rel], "%s uses the system role; only the cross-tenant loops may", rel)
-			case "Unscoped":
+			case "Unscoped()":
 				assert.True(t, unscoped[rel], "%s uses the app role without a tenant; only API-key authentication may", rel)
 			}
 		}

@@ -343,6 +343,34 @@ func runHooks(tx *Tx) error {
 	return nil
 }
 
+// TenantBatch is one tenant's statements in PipelineTenants.
+type TenantBatch struct {
+	Tenant uuid.UUID
+	Batch  *pgx.Batch
+}
+
+// PipelineTenants runs the batches of several tenants as one implicit
+// transaction in one round trip: each tenant's statements follow a
+// set_config of that tenant, so row-level security scopes every statement
+// to its own tenant exactly as in that tenant's transaction alone. They
+// commit together or not at all. For the platform's batched write paths
+// (a worker's leases across the tenants of one fill) that need no
+// decision between statements; a tenant's request never uses it.
+func (db *DB) PipelineTenants(ctx context.Context, parts []TenantBatch) error {
+	all := &pgx.Batch{}
+	for _, p := range parts {
+		if p.Tenant == uuid.Nil {
+			return errs.E(errs.Unauthenticated, "no tenant")
+		}
+		all.QueuedQueries = append(all.QueuedQueries, &pgx.QueuedQuery{SQL: setTenantSQL, Arguments: []any{p.Tenant.String()}})
+		all.QueuedQueries = append(all.QueuedQueries, p.Batch.QueuedQueries...)
+	}
+	if len(all.QueuedQueries) == 0 {
+		return nil
+	}
+	return db.app.SendBatch(ctx, all).Close()
+}
+
 // Pipeline runs b as one implicit transaction scoped to tenant, in one
 // round trip: set_config and b's statements share a single Sync, so they
 // commit together or not at all. For short write paths (leases) that need
