@@ -11,6 +11,10 @@
 #                                            then their three replicas (default 7101 ... 7106);
 #                                            "none" starts no cluster
 #   COMPOSER_REDIS_CLUSTER_DIR               its working directory (default /tmp/composer-redis-cluster)
+#   COMPOSER_REDIS_SENTINEL_PORTS            a local Sentinel setup: master, replica, Sentinel
+#                                            (default 7111 7112 7113, master name "composer"):
+#                                            COMPOSER_REDIS_URL=redis+sentinel://127.0.0.1:7113?master_name=composer;
+#                                            "none" starts none
 #   COMPOSER_DB_NAME                         default composer
 #   COMPOSER_ROLE_PASSWORD                   development password of the three roles (default composer)
 set -euo pipefail
@@ -20,6 +24,8 @@ PG_PORT=${COMPOSER_PG_PORT:-5432}
 REDIS_PORT=${COMPOSER_REDIS_PORT:-6379}
 CLUSTER_PORTS=${COMPOSER_REDIS_CLUSTER_PORTS:-7101 7102 7103 7104 7105 7106}
 CLUSTER_DIR=${COMPOSER_REDIS_CLUSTER_DIR:-/tmp/composer-redis-cluster}
+SENTINEL_PORTS=${COMPOSER_REDIS_SENTINEL_PORTS:-7111 7112 7113}
+SENTINEL_DIR=${COMPOSER_REDIS_SENTINEL_DIR:-/tmp/composer-redis-sentinel}
 DB_NAME=${COMPOSER_DB_NAME:-composer}
 ROLE_PASSWORD=${COMPOSER_ROLE_PASSWORD:-composer}
 
@@ -165,6 +171,48 @@ ensure_redis_cluster() {
   log "Redis Cluster did not become healthy"; return 1
 }
 
+# --- Redis Sentinel (for trying a Sentinel-watched master locally) -----------
+# A master, its replica and one Sentinel (quorum 1) watching it as
+# "composer", no persistence. A Sentinel that already answers for the master
+# is left alone (after a failover the replica is the master: that is fine).
+
+ensure_redis_sentinel() {
+  [ "$SENTINEL_PORTS" = none ] && return 0
+  local master replica sentinel
+  read -r master replica sentinel <<<"$SENTINEL_PORTS"
+  if cli "$sentinel" sentinel get-master-addr-by-name composer 2>/dev/null | grep -q 127.0.0.1; then return 0; fi
+  mkdir -p "$SENTINEL_DIR"
+  local p
+  for p in "$master" "$replica"; do
+    if ! cli "$p" ping 2>/dev/null | grep -q PONG; then
+      redis-server --daemonize yes --bind 127.0.0.1 --port "$p" --save "" --appendonly no \
+        --dir "$SENTINEL_DIR" --logfile "$SENTINEL_DIR/$p.log" --pidfile "$SENTINEL_DIR/$p.pid"
+    fi
+    for _ in $(seq 1 40); do cli "$p" ping 2>/dev/null | grep -q PONG && break; sleep 0.25; done
+  done
+  cli "$replica" replicaof 127.0.0.1 "$master" >/dev/null
+  if ! cli "$sentinel" ping 2>/dev/null | grep -q PONG; then
+    # Sentinel rewrites its configuration file: it must be its own.
+    cat >"$SENTINEL_DIR/sentinel.conf" <<CONF
+port $sentinel
+bind 127.0.0.1
+daemonize yes
+dir $SENTINEL_DIR
+logfile $SENTINEL_DIR/sentinel.log
+pidfile $SENTINEL_DIR/sentinel.pid
+sentinel monitor composer 127.0.0.1 $master 1
+sentinel down-after-milliseconds composer 1000
+sentinel failover-timeout composer 5000
+CONF
+    redis-server "$SENTINEL_DIR/sentinel.conf" --sentinel
+  fi
+  for _ in $(seq 1 40); do
+    cli "$sentinel" sentinel get-master-addr-by-name composer 2>/dev/null | grep -q 127.0.0.1 && return 0
+    sleep 0.25
+  done
+  log "Redis Sentinel on 127.0.0.1:$sentinel did not come up"; return 1
+}
+
 # The race detector (`make test`) needs cgo, hence a C compiler.
 ensure_toolchain() {
   if ! command -v gcc >/dev/null 2>&1; then apt_install gcc libc6-dev; fi
@@ -175,5 +223,7 @@ ensure_postgres
 ensure_roles_and_db
 ensure_redis
 ensure_redis_cluster
+ensure_redis_sentinel
 log "PostgreSQL on $PG_HOST:$PG_PORT (database $DB_NAME) and Redis on 127.0.0.1:$REDIS_PORT are ready"
 [ "$CLUSTER_PORTS" = none ] || log "Redis Cluster on 127.0.0.1 ports $CLUSTER_PORTS is ready"
+[ "$SENTINEL_PORTS" = none ] || log "Redis Sentinel (master \"composer\") on 127.0.0.1 ports $SENTINEL_PORTS is ready"
