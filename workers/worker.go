@@ -93,18 +93,20 @@ type Config struct {
 	// Namespace prefixes Redis keys (default "composer").
 	Namespace string
 	// IdlePoll is how long an idle read loop waits for a wake-up before
-	// looking again (default 1s).
+	// looking again at the tenants that are ready (default 1s); a tenant
+	// whose wake-up was lost becomes ready when the active-set discovery
+	// (every second) sees its new score.
 	IdlePoll time.Duration
-	// ActiveWindow is how recently a tenant must have had work published to
-	// be read (default 24h).
+	// ActiveWindow is how long a worker remembers a tenant that published
+	// (default 24h); one not seen for longer is forgotten.
 	ActiveWindow time.Duration
 	// NoEager turns eager dispatch off: every task then comes through its
 	// stream (see taskapi.EagerOffer).
 	NoEager bool
 	// EagerWindow bounds how long one slot keeps taking a run's next tasks
 	// with its reports before it goes back to the read loops and the fair
-	// picks (default 1s, the same bound IdlePoll puts on finding work whose
-	// wake-up was lost): a chain of short steps yields its slot at least
+	// picks (default 1s, the same bound the active-set discovery puts on
+	// finding work whose wake-up was lost): a chain of short steps yields its slot at least
 	// that often, and a chain of long steps is not kept eagerly at all.
 	EagerWindow time.Duration
 }
