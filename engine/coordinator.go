@@ -175,6 +175,11 @@ type StartRun struct {
 	IdempotencyKey string
 	// RerunOf links a re-run to the run it repeats.
 	RerunOf uuid.UUID
+	// Metadata are key/value business keys kept with the run (bounded:
+	// dag.MaxMetadataKeys keys, dag.MaxMetadataValueChars per value); they
+	// override the keys the workflow's own metadata mapping derives from
+	// the input.
+	Metadata map[string]string
 }
 
 // Started is StartRun's answer.
@@ -202,6 +207,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 	if req.Version < 0 {
 		return Started{}, errs.E(errs.Invalid, "version must be positive")
 	}
+	if err := checkMetadata("metadata", req.Metadata, dag.MaxMetadataKeys); err != nil {
+		return Started{}, err
+	}
 	var out Started
 	var tr sm.Transition
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
@@ -215,7 +223,7 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		}
 		runID := uuid.Must(uuid.NewV7())
 		if req.IdempotencyKey != "" {
-			h := requestHash(wid, req.Version, input)
+			h := requestHash(wid, req.Version, input, req.Metadata)
 			// A repeat returns the run it named, admitted or not today.
 			if done, err := existingRun(ctx, tx, req.IdempotencyKey, h, &out); done || err != nil {
 				if err == nil {
@@ -258,10 +266,24 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		if req.RerunOf != uuid.Nil {
 			rerunOf = &req.RerunOf
 		}
+		meta, err := runMetadata(def.wf, input, req.Metadata)
+		if err != nil {
+			return err
+		}
 		err = tx.QueryRow(ctx, qInsertRun,
-			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx)).Scan(&now)
+			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta)).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
+		}
+		if len(meta) > 0 {
+			keys := sortedKeys(meta)
+			values := make([]string, len(keys))
+			for i, k := range keys {
+				values[i] = meta[k]
+			}
+			if _, err := tx.Exec(ctx, qInsertRunMetadata, tenant, runID, keys, values); err != nil {
+				return fmt.Errorf("insert run metadata: %w", err)
+			}
 		}
 		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
 		tr = sm.Decide(def.wf, run, sm.RunStarted{}, now)
@@ -377,7 +399,7 @@ func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, i
 }
 
 // requestHash identifies what an idempotent start asked for.
-func requestHash(workflow uuid.UUID, version int, input json.RawMessage) []byte {
+func requestHash(workflow uuid.UUID, version int, input json.RawMessage, metadata map[string]string) []byte {
 	h := sha256.New()
 	h.Write(workflow[:])
 	fmt.Fprintf(h, "/%d/", version)
@@ -386,7 +408,33 @@ func requestHash(workflow uuid.UUID, version int, input json.RawMessage) []byte 
 		canon, _ := json.Marshal(v) // sorted keys: equal inputs hash equal
 		h.Write(canon)
 	}
+	if len(metadata) > 0 {
+		// (Only when given, so keys stored before metadata existed still match.)
+		h.Write([]byte("/metadata/"))
+		h.Write(metadataJSON(metadata)) // sorted keys
+	}
 	return h.Sum(nil)
+}
+
+// runMetadata is a new run's metadata: what the workflow's mapping derives
+// from the input, overridden by what the start gave.
+func runMetadata(wf *dag.Workflow, input json.RawMessage, given map[string]string) (map[string]string, error) {
+	derived, err := wf.EvalMetadata(input)
+	if err != nil {
+		e := errs.E(errs.Invalid, "the workflow's metadata mapping failed on this input: %s", err.Error())
+		e.Fields = []errs.Field{{Field: "metadata", Message: err.Error()}}
+		return nil, e
+	}
+	if len(derived) == 0 {
+		return given, nil
+	}
+	for k, v := range given {
+		derived[k] = v
+	}
+	if err := checkMetadata("metadata", derived, dag.MaxMetadataKeys); err != nil {
+		return nil, err
+	}
+	return derived, nil
 }
 
 func traceParent(ctx context.Context) string {
@@ -948,5 +996,6 @@ func (c *Coordinator) RerunAsNew(ctx context.Context, tenant, runID uuid.UUID) (
 	if err != nil {
 		return Started{}, err
 	}
-	return c.StartRun(ctx, tenant, StartRun{WorkflowID: old.WorkflowID, Version: old.WorkflowVersion, Input: old.Input, RerunOf: runID})
+	return c.StartRun(ctx, tenant, StartRun{WorkflowID: old.WorkflowID, Version: old.WorkflowVersion, Input: old.Input, RerunOf: runID,
+		Metadata: old.Metadata})
 }

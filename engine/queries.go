@@ -17,18 +17,19 @@ import (
 
 // RunView is a run as dashboards and APIs show it.
 type RunView struct {
-	ID              uuid.UUID       `json:"id"`
-	WorkflowID      uuid.UUID       `json:"workflow_id"`
-	WorkflowVersion int             `json:"workflow_version"`
-	Status          string          `json:"status"`
-	Input           json.RawMessage `json:"input"`
-	Output          json.RawMessage `json:"output,omitempty"`
-	Error           json.RawMessage `json:"error,omitempty"`
-	IdempotencyKey  *string         `json:"idempotency_key,omitempty"`
-	RerunOf         *uuid.UUID      `json:"rerun_of,omitempty"`
-	CreatedAt       time.Time       `json:"created_at"`
-	UpdatedAt       time.Time       `json:"updated_at"`
-	FinishedAt      *time.Time      `json:"finished_at,omitempty"`
+	ID              uuid.UUID         `json:"id"`
+	WorkflowID      uuid.UUID         `json:"workflow_id"`
+	WorkflowVersion int               `json:"workflow_version"`
+	Status          string            `json:"status"`
+	Input           json.RawMessage   `json:"input"`
+	Output          json.RawMessage   `json:"output,omitempty"`
+	Error           json.RawMessage   `json:"error,omitempty"`
+	Metadata        map[string]string `json:"metadata"`
+	IdempotencyKey  *string           `json:"idempotency_key,omitempty"`
+	RerunOf         *uuid.UUID        `json:"rerun_of,omitempty"`
+	CreatedAt       time.Time         `json:"created_at"`
+	UpdatedAt       time.Time         `json:"updated_at"`
+	FinishedAt      *time.Time        `json:"finished_at,omitempty"`
 	// Snapshot, when set, holds the run's tasks and workflow as read with
 	// it (a live update read once and given to every subscriber): readers
 	// use them rather than loading their own.
@@ -62,12 +63,12 @@ type TaskView struct {
 	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
 }
 
-const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at`
+const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata`
 
 func scanRun(row pgx.Row) (RunView, error) {
 	var r RunView
 	err := row.Scan(&r.ID, &r.WorkflowID, &r.WorkflowVersion, &r.Status, &r.Input, &r.Output, &r.Error, &r.IdempotencyKey,
-		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt)
+		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata)
 	return r, err
 }
 
@@ -114,6 +115,9 @@ type RunFilter struct {
 	CreatedAfter   *time.Time
 	CreatedBefore  *time.Time
 	IdempotencyKey *string
+	// Metadata keeps runs whose metadata has each of these key/value pairs
+	// (at most MaxMetadataFilters).
+	Metadata map[string]string
 }
 
 // MaxPage bounds one page of a listing.
@@ -132,33 +136,52 @@ func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uui
 			return nil, false, errs.E(errs.Invalid, "unknown status %q", s)
 		}
 	}
-	where := []string{"tenant_id = $1"}
+	if len(f.Metadata) > 0 {
+		if err := checkMetadata("filter.metadata", f.Metadata, MaxMetadataFilters); err != nil {
+			return nil, false, err
+		}
+	}
+	where := []string{"r.tenant_id = $1"}
 	args := []any{tx.Tenant}
 	arg := func(v any) string {
 		args = append(args, v)
 		return fmt.Sprintf("$%d", len(args))
 	}
+	from, order := "workflow_runs r", "r.id"
+	if len(f.Metadata) > 0 {
+		// The first pair drives the listing: its index range is in run-id
+		// order, so a page reads no more than it returns (plus what the
+		// other filters drop); further pairs are primary-key probes.
+		keys := sortedKeys(f.Metadata)
+		from = "run_metadata m JOIN workflow_runs r ON r.tenant_id = m.tenant_id AND r.id = m.run_id"
+		order = "m.run_id"
+		where = append(where, "m.tenant_id = $1", "m.key = "+arg(keys[0]), "m.value = "+arg(f.Metadata[keys[0]]))
+		for _, k := range keys[1:] {
+			where = append(where, "EXISTS (SELECT 1 FROM run_metadata x WHERE x.tenant_id = $1 AND x.key = "+arg(k)+
+				" AND x.value = "+arg(f.Metadata[k])+" AND x.run_id = r.id)")
+		}
+	}
 	if after != nil {
-		where = append(where, "id < "+arg(*after))
+		where = append(where, order+" < "+arg(*after))
 	}
 	if len(f.Statuses) == 1 {
-		where = append(where, "status = "+arg(f.Statuses[0]))
+		where = append(where, "r.status = "+arg(f.Statuses[0]))
 	} else if len(f.Statuses) > 1 {
-		where = append(where, "status = ANY("+arg(f.Statuses)+")")
+		where = append(where, "r.status = ANY("+arg(f.Statuses)+")")
 	}
 	if f.WorkflowID != nil {
-		where = append(where, "workflow_id = "+arg(*f.WorkflowID))
+		where = append(where, "r.workflow_id = "+arg(*f.WorkflowID))
 	}
 	if f.CreatedAfter != nil {
-		where = append(where, "id >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
+		where = append(where, order+" >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
 	}
 	if f.CreatedBefore != nil {
-		where = append(where, "id < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
+		where = append(where, order+" < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
 	}
 	if f.IdempotencyKey != nil {
-		where = append(where, "id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
+		where = append(where, "r.id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
 	}
-	q := `SELECT ` + runColumns + ` FROM workflow_runs WHERE ` + strings.Join(where, " AND ") + ` ORDER BY id DESC LIMIT ` + arg(first+1)
+	q := `SELECT ` + qualified(runColumns, "r.") + ` FROM ` + from + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY ` + order + ` DESC LIMIT ` + arg(first+1)
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("list runs: %w", err)
@@ -180,6 +203,15 @@ func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uui
 		out = out[:first]
 	}
 	return out, more, nil
+}
+
+// qualified prefixes every column of a column list.
+func qualified(cols, prefix string) string {
+	parts := strings.Split(cols, ",")
+	for i, c := range parts {
+		parts[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // RunEvent is one entry of a run's timeline: an applied event and what it
@@ -359,9 +391,10 @@ const (
 	// coordinator
 	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
 				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
-	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent)
-			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, '')) RETURNING created_at`
-	qIdempotentRun = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
+	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata)
+			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9) RETURNING created_at`
+	qInsertRunMetadata = `INSERT INTO run_metadata (tenant_id, run_id, key, value) SELECT $1, $2, k, v FROM unnest($3::text[], $4::text[]) AS m(k, v)`
+	qIdempotentRun     = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
 		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
 		WHERE k.tenant_id = $1 AND k.key = $2`
 	qWorkflowByID     = `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`

@@ -167,6 +167,7 @@ type ComplexityRoot struct {
 		ID              func(childComplexity int) int
 		IdempotencyKey  func(childComplexity int) int
 		Input           func(childComplexity int) int
+		Metadata        func(childComplexity int) int
 		Output          func(childComplexity int) int
 		RerunOf         func(childComplexity int) int
 		Status          func(childComplexity int) int
@@ -425,6 +426,8 @@ type RunResolver interface {
 	Workflow(ctx context.Context, obj *engine.RunView) (*engine.Workflow, error)
 
 	Status(ctx context.Context, obj *engine.RunView) (model.RunStatus, error)
+
+	Metadata(ctx context.Context, obj *engine.RunView) (json.RawMessage, error)
 
 	Tasks(ctx context.Context, obj *engine.RunView) ([]engine.TaskView, error)
 	Timeline(ctx context.Context, obj *engine.RunView, first *int) ([]engine.RunEvent, error)
@@ -1110,6 +1113,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Run.Input(childComplexity), true
+	case "Run.metadata":
+		if e.ComplexityRoot.Run.Metadata == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.Metadata(childComplexity), true
 	case "Run.output":
 		if e.ComplexityRoot.Run.Output == nil {
 			break
@@ -2239,6 +2248,8 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_error(ctx, field)
 	case "idempotencyKey":
 		return ec.fieldContext_Run_idempotencyKey(ctx, field)
+	case "metadata":
+		return ec.fieldContext_Run_metadata(ctx, field)
 	case "rerunOf":
 		return ec.fieldContext_Run_rerunOf(ctx, field)
 	case "createdAt":
@@ -6114,6 +6125,29 @@ func (ec *executionContext) _Run_idempotencyKey(ctx context.Context, field graph
 }
 func (ec *executionContext) fieldContext_Run_idempotencyKey(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Run", field, false, false, "String")
+}
+
+func (ec *executionContext) _Run_metadata(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_metadata(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Run().Metadata(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
+			return ec.marshalNJSON2encodingᚋjsonᚐRawMessage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Run_metadata(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, true, true, "JSON")
 }
 
 func (ec *executionContext) _Run_rerunOf(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -10693,7 +10727,7 @@ func (ec *executionContext) unmarshalInputRunFilter(ctx context.Context, obj any
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"status", "workflowId", "createdAfter", "createdBefore", "idempotencyKey"}
+	fieldsInOrder := [...]string{"status", "workflowId", "createdAfter", "createdBefore", "idempotencyKey", "metadata"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10735,6 +10769,13 @@ func (ec *executionContext) unmarshalInputRunFilter(ctx context.Context, obj any
 				return it, err
 			}
 			it.IdempotencyKey = data
+		case "metadata":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("metadata"))
+			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Metadata = data
 		}
 	}
 	return it, nil
@@ -10763,7 +10804,7 @@ func (ec *executionContext) unmarshalInputStartRunInput(ctx context.Context, obj
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"workflowId", "workflowName", "version", "input", "idempotencyKey"}
+	fieldsInOrder := [...]string{"workflowId", "workflowName", "version", "input", "idempotencyKey", "metadata"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -10805,6 +10846,13 @@ func (ec *executionContext) unmarshalInputStartRunInput(ctx context.Context, obj
 				return it, err
 			}
 			it.IdempotencyKey = data
+		case "metadata":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("metadata"))
+			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Metadata = data
 		}
 	}
 	return it, nil
@@ -11675,6 +11723,12 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "metadata":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_metadata(ctx, field, obj)
+				})
 		case "rerunOf":
 			out.Values[i] = ec._Run_rerunOf(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {

@@ -942,3 +942,53 @@ func TestClientMistakesAreClientErrors(t *testing.T) {
 	res = sys.GraphQL(a.owner, `mutation($s: String!) { addMember(subject: $s, role: VIEWER) { subject } }`, map[string]any{"s": "admin\u202e@evil"})
 	assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes())
 }
+
+// TestRunMetadataThroughTheAPI: a start's metadata comes back with the run
+// and filters the list; another tenant filtering by the same pair sees
+// none of it; metadata that is not an object of strings is BAD_USER_INPUT
+// naming the field and starts nothing.
+func TestRunMetadataThroughTheAPI(t *testing.T) {
+	t.Parallel()
+	sys, a, b := twoTenants(t)
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "meta", definition: {nodes: [{id: "w", type: "wait", wait: {signal: "go"}}]}}) { workflow { id } } }`,
+		nil).Decode(t, &created)
+	wf := created.CreateWorkflow.Workflow.ID
+	start := `mutation($w: ID!, $m: JSON) { startRun(input: {workflowId: $w, metadata: $m}) { run { id metadata } } }`
+	var started struct {
+		StartRun struct {
+			Run struct {
+				ID       string
+				Metadata map[string]string
+			}
+		}
+	}
+	sys.GraphQL(a.owner, start, map[string]any{"w": wf, "m": map[string]string{"customer": "c_42", "order": "o-1"}}).Decode(t, &started)
+	assert.Equal(t, map[string]string{"customer": "c_42", "order": "o-1"}, started.StartRun.Run.Metadata)
+	sys.GraphQL(a.owner, start, map[string]any{"w": wf, "m": map[string]string{"customer": "c_7"}}).Decode(t, &struct{}{})
+
+	list := `query($m: JSON) { runs(filter: {metadata: $m}) { edges { node { id metadata } } } }`
+	var runs struct {
+		Runs struct {
+			Edges []struct{ Node struct{ ID string } }
+		}
+	}
+	sys.GraphQL(a.owner, list, map[string]any{"m": map[string]string{"customer": "c_42"}}).Decode(t, &runs)
+	require.Len(t, runs.Runs.Edges, 1)
+	assert.Equal(t, started.StartRun.Run.ID, runs.Runs.Edges[0].Node.ID)
+	runs.Runs.Edges = nil
+	sys.GraphQL(b.owner, list, map[string]any{"m": map[string]string{"customer": "c_42"}}).Decode(t, &runs)
+	assert.Empty(t, runs.Runs.Edges, "another tenant's runs are not found by their metadata")
+
+	for _, bad := range []any{map[string]any{"n": 1}, []string{"x"}, "text", map[string]string{"bad key": "x"}} {
+		res := sys.GraphQL(a.owner, start, map[string]any{"w": wf, "m": bad})
+		assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes(), "%v: %s", bad, res.Data)
+		res = sys.GraphQL(a.owner, list, map[string]any{"m": bad})
+		assert.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes(), "filter %v: %s", bad, res.Data)
+	}
+	runs.Runs.Edges = nil
+	sys.GraphQL(a.owner, `query($w: ID!) { runs(filter: {workflowId: $w}) { edges { node { id } } } }`, map[string]any{"w": wf}).Decode(t, &runs)
+	assert.Len(t, runs.Runs.Edges, 2, "the refused starts wrote nothing")
+}

@@ -3,6 +3,7 @@ package graph
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"time"
 
@@ -215,4 +216,19 @@ func manageWebhooks[T any](ctx context.Context, r *Resolver, fn func(ctx context
 		return nil, err
 	}
 	return &out, nil
+}
+
+// metadataArg reads a metadata argument: a JSON object of strings (absent
+// or null: none). Its bounds are checked by the engine.
+func metadataArg(field string, raw json.RawMessage) (map[string]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal(raw, &m); err != nil {
+		e := errs.E(errs.Invalid, "%s must be an object of strings", field)
+		e.Fields = []errs.Field{{Field: field, Message: e.Message}}
+		return nil, e
+	}
+	return m, nil
 }

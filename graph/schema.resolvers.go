@@ -85,6 +85,9 @@ func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInp
 	if input.IdempotencyKey != nil {
 		req.IdempotencyKey = *input.IdempotencyKey
 	}
+	if req.Metadata, err = metadataArg("metadata", input.Metadata); err != nil {
+		return nil, err
+	}
 	ctx, run := writing(ctx)
 	res, err := r.Coord.StartRun(ctx, p.TenantID, req)
 	if err != nil {
@@ -369,6 +372,9 @@ func (r *queryResolver) Runs(ctx context.Context, first *int, after *string, fil
 			f.Statuses = append(f.Statuses, strings.ToLower(string(s)))
 		}
 		f.WorkflowID, f.CreatedAfter, f.CreatedBefore, f.IdempotencyKey = filter.WorkflowID, filter.CreatedAfter, filter.CreatedBefore, filter.IdempotencyKey
+		if f.Metadata, err = metadataArg("filter.metadata", filter.Metadata); err != nil {
+			return nil, err
+		}
 	}
 	var list []engine.RunView
 	var more bool
@@ -451,6 +457,14 @@ func (r *runResolver) Workflow(ctx context.Context, obj *engine.RunView) (*engin
 // Status is the resolver for the status field.
 func (r *runResolver) Status(ctx context.Context, obj *engine.RunView) (model.RunStatus, error) {
 	return model.RunStatus(strings.ToUpper(obj.Status)), nil
+}
+
+// Metadata is the resolver for the metadata field.
+func (r *runResolver) Metadata(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
+	if len(obj.Metadata) == 0 {
+		return json.RawMessage(`{}`), nil
+	}
+	return json.Marshal(obj.Metadata)
 }
 
 // Tasks is the resolver for the tasks field.

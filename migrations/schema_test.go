@@ -205,13 +205,13 @@ func TestPartitionMaintenance(t *testing.T) {
 	ctx := context.Background()
 	var made int
 	require.NoError(t, env.System.QueryRow(ctx, `SELECT composer_ensure_partitions(6)`).Scan(&made))
-	assert.Equal(t, 4*3, made, "three more months for each of the four tables")
+	assert.Equal(t, 5*3, made, "three more months for each of the five tables")
 	require.NoError(t, env.System.QueryRow(ctx, `SELECT composer_ensure_partitions(6)`).Scan(&made))
 	assert.Zero(t, made, "idempotent")
 
 	owner := env.Owner(t)
 	// A partition of an old month, with data, as retention would find it.
-	for _, tbl := range []string{"workflow_runs", "task_instances", "run_signals", "run_events"} {
+	for _, tbl := range []string{"workflow_runs", "task_instances", "run_signals", "run_events", "run_metadata"} {
 		var ddl string
 		require.NoError(t, owner.QueryRow(ctx, `SELECT format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)', $1::text || '_202001', $1::text,
 			composer_uuid_floor('2020-01-01Z'), composer_uuid_floor('2020-02-01Z'))`, tbl).Scan(&ddl))
@@ -220,7 +220,7 @@ func TestPartitionMaintenance(t *testing.T) {
 	}
 	var dropped int
 	require.NoError(t, env.System.QueryRow(ctx, `SELECT composer_drop_partitions(3)`).Scan(&dropped))
-	assert.Equal(t, 4, dropped)
+	assert.Equal(t, 5, dropped)
 	var left int
 	require.NoError(t, owner.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname LIKE '%\_202001'`).Scan(&left))
 	assert.Zero(t, left)

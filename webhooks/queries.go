@@ -100,7 +100,7 @@ SELECT e.tenant_id, composer_uuidv7(), e.id, $2, $3, json_build_object(
     'data', json_build_object(
         'run_id', $3::uuid, 'workflow', w.name, 'workflow_id', $4::uuid, 'workflow_version', $5::int,
         'status', $6::text, 'output', $8::jsonb, 'output_truncated', $9::bool, 'error', $10::jsonb,
-        'started_at', r.created_at, 'finished_at', $7::timestamptz))::text
+        'started_at', r.created_at, 'finished_at', $7::timestamptz, 'metadata', r.metadata))::text
   FROM webhook_endpoints e
   LEFT JOIN workflow_runs r ON r.tenant_id = $1 AND r.id = $3
   LEFT JOIN workflow_definitions w ON w.tenant_id = $1 AND w.id = $4

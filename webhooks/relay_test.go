@@ -21,6 +21,7 @@ import (
 
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/internal/app"
+	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/pg"
@@ -88,8 +89,11 @@ func (f *fixture) endpoint(tenant uuid.UUID, url string, types ...string) (webho
 // cancelledRun starts a run and cancels it: a run.cancelled event.
 func (f *fixture) cancelledRun() uuid.UUID {
 	f.t.Helper()
-	run := f.sys.StartRun(f.wf, `{}`)
-	_, err := f.sys.Coordinator().CancelRun(context.Background(), f.sys.Tenant, run, "test")
+	res, err := f.sys.Coordinator().StartRun(context.Background(), f.sys.Tenant, engine.StartRun{WorkflowID: f.wf,
+		Metadata: map[string]string{"customer": "c_42"}})
+	require.NoError(f.t, err)
+	run := res.RunID
+	_, err = f.sys.Coordinator().CancelRun(context.Background(), f.sys.Tenant, run, "test")
 	require.NoError(f.t, err)
 	return run
 }
@@ -219,9 +223,11 @@ func TestRetriesUntilSuccessWithTheSameID(t *testing.T) {
 			Status   string
 			Workflow string
 			Error    struct{ Code string }
+			Metadata map[string]string
 		}
 	}
 	require.NoError(t, json.Unmarshal(reqs[0].body, &payload))
+	require.Equal(t, map[string]string{"customer": "c_42"}, payload.Data.Metadata, "webhooks carry the run's metadata")
 	require.Equal(t, "run.cancelled", payload.Type)
 	require.Equal(t, run, payload.Data.RunID)
 	require.Equal(t, "cancelled", payload.Data.Status)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -217,6 +218,62 @@ func (w *Workflow) EvalOutput(s Scope) (json.RawMessage, error) {
 		}
 	}
 	return json.Marshal(out)
+}
+
+// Run metadata bounds: keys, the characters of a key, a value's length and
+// the JSON size of the whole object.
+const (
+	MaxMetadataKeys       = 16
+	MaxMetadataValueChars = 256
+	MaxMetadataBytes      = 4 << 10
+)
+
+// MetadataKey is what a metadata key looks like.
+var MetadataKey = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_.-]{0,63}$`)
+
+// EvalMetadata evaluates the workflow's metadata mapping over the run
+// input. Strings are kept, numbers and booleans written as JSON writes
+// them; null leaves the key out; anything else is an error naming the key.
+func (w *Workflow) EvalMetadata(input json.RawMessage) (map[string]string, error) {
+	if len(w.metadata) == 0 {
+		return nil, nil
+	}
+	act, err := Scope{Input: input}.activation(nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(w.metadata))
+	for _, k := range sortedKeysOf(w.metadata) {
+		v, err := w.metadata[k].evalWith(act)
+		if err != nil {
+			return nil, fmt.Errorf("metadata.%s: %w", k, err)
+		}
+		nv, err := toNative(v, &budget{left: MaxMetadataBytes})
+		if err != nil {
+			return nil, fmt.Errorf("metadata.%s: %w", k, err)
+		}
+		switch x := nv.(type) {
+		case nil:
+			continue
+		case string:
+			out[k] = x
+		case bool, float64, int64, uint64, json.Number:
+			b, _ := json.Marshal(x)
+			out[k] = string(b)
+		default:
+			return nil, fmt.Errorf("metadata.%s: %s is not a string, number or boolean", k, w.metadata[k].source)
+		}
+	}
+	return out, nil
+}
+
+func sortedKeysOf[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // evalObject evaluates a mapping into a JSON object of at most

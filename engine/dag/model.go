@@ -50,13 +50,17 @@ type Workflow struct {
 	Description string            `json:"description,omitempty"`
 	Timeout     Duration          `json:"timeout,omitempty"`
 	Output      map[string]string `json:"output,omitempty"`
-	Nodes       []*Node           `json:"nodes"`
+	// Metadata maps run metadata keys to expressions over the run input
+	// (`input.customer_id`), evaluated when a run starts.
+	Metadata map[string]string `json:"metadata,omitempty"`
+	Nodes    []*Node           `json:"nodes"`
 
-	byID   map[string]*Node
-	order  []string            // topological
-	deps   map[string][]string // node -> dependents
-	sinks  []string
-	output map[string]*program
+	byID     map[string]*Node
+	order    []string            // topological
+	deps     map[string][]string // node -> dependents
+	sinks    []string
+	output   map[string]*program
+	metadata map[string]*program
 }
 
 // Node is one step of a workflow.

@@ -97,6 +97,7 @@ type rawWorkflow struct {
 	Description string            `json:"description"`
 	Timeout     json.RawMessage   `json:"timeout"`
 	Output      map[string]string `json:"output"`
+	Metadata    map[string]string `json:"metadata"`
 	Nodes       []json.RawMessage `json:"nodes"`
 }
 
@@ -107,7 +108,7 @@ func decode(data []byte) (*Workflow, []Problem) {
 	if err := strictUnmarshal(data, &raw); err != nil {
 		return nil, []Problem{{Message: jsonProblem(err)}}
 	}
-	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output}
+	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output, Metadata: raw.Metadata}
 	var problems []Problem
 	if len(raw.Timeout) > 0 && string(raw.Timeout) != "null" {
 		if err := json.Unmarshal(raw.Timeout, &w.Timeout); err != nil {

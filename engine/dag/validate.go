@@ -320,6 +320,27 @@ func (w *Workflow) compile(ps *problems) {
 		}
 		w.output[k] = p
 	}
+	if len(w.Metadata) > MaxMetadataKeys {
+		ps.add("", "metadata", "has %d keys; at most %d", len(w.Metadata), MaxMetadataKeys)
+	}
+	w.metadata = make(map[string]*program, len(w.Metadata))
+	for _, k := range sortedKeys(w.Metadata) {
+		field := "metadata." + k
+		if !MetadataKey.MatchString(k) {
+			ps.add("", "metadata", "key %q must be 1-64 letters, digits, '_', '.' or '-', starting with a letter", k)
+			continue
+		}
+		p, err := compile(w.Metadata[k], false)
+		if err != nil {
+			ps.add("", field, "%v", err)
+			continue
+		}
+		if len(p.refs) > 0 {
+			ps.add("", field, "reads nodes.%s: metadata is set when the run starts, from its input only", p.refs[0])
+			continue
+		}
+		w.metadata[k] = p
+	}
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -121,6 +121,9 @@ type RunFilter struct {
 	CreatedAfter   *time.Time  `json:"createdAfter,omitempty"`
 	CreatedBefore  *time.Time  `json:"createdBefore,omitempty"`
 	IdempotencyKey *string     `json:"idempotencyKey,omitempty"`
+	// Runs whose metadata has every one of these key/value pairs (an object of
+	// strings, at most 4 pairs), e.g. {"customer": "c_42"}.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
 type SignalPayload struct {
@@ -138,6 +141,12 @@ type StartRunInput struct {
 	Version        *int            `json:"version,omitempty"`
 	Input          json.RawMessage `json:"input,omitempty"`
 	IdempotencyKey *string         `json:"idempotencyKey,omitempty"`
+	// Business keys kept with the run, shown with it, carried by its webhooks
+	// and filterable (runs(filter: {metadata: ...})): an object of strings, at
+	// most 16 keys (letters, digits, '_', '.', '-'), values of at most 256
+	// characters. They override what the workflow's metadata mapping derives
+	// from the input.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
 type StartRunPayload struct {

@@ -167,6 +167,12 @@ type StartRunInput struct {
 	Version        *int             `json:"version,omitempty"`
 	Input          *json.RawMessage `json:"input,omitempty"`
 	IdempotencyKey *string          `json:"idempotencyKey,omitempty"`
+	// Business keys kept with the run, shown with it, carried by its webhooks
+	// and filterable (runs(filter: {metadata: ...})): an object of strings, at
+	// most 16 keys (letters, digits, '_', '.', '-'), values of at most 256
+	// characters. They override what the workflow's metadata mapping derives
+	// from the input.
+	Metadata *json.RawMessage `json:"metadata"`
 }
 
 // GetWorkflowId returns StartRunInput.WorkflowId, and is useful for accessing the field via an interface.
@@ -183,6 +189,9 @@ func (v *StartRunInput) GetInput() *json.RawMessage { return v.Input }
 
 // GetIdempotencyKey returns StartRunInput.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *StartRunInput) GetIdempotencyKey() *string { return v.IdempotencyKey }
+
+// GetMetadata returns StartRunInput.Metadata, and is useful for accessing the field via an interface.
+func (v *StartRunInput) GetMetadata() *json.RawMessage { return v.Metadata }
 
 type TaskState string
 
