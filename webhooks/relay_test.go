@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/billing"
-	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/pg"
