@@ -21,6 +21,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
+	"github.com/composer-dev/composer/schedules"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 )
@@ -36,6 +37,9 @@ type Resolver struct {
 	limits  tenants.LimitsCache // the limiter's limits
 	// Webhooks manages webhook endpoints and deliveries.
 	Webhooks webhooks.Service
+	// Schedules fires schedules and backfills them (schedules.Service
+	// manages them in the resolvers' transactions).
+	Schedules *schedules.Firer
 	// Workers knows the tenants' connected workers (nil: none are listed).
 	Workers *taskpoll.Poller
 	Log     *zap.Logger

@@ -39,6 +39,11 @@ type Limits struct {
 	MaxWorkflowVersions int `json:"max_workflow_versions,omitempty"`
 	MaxAPIKeys          int `json:"max_api_keys,omitempty"`
 	MaxWebhookEndpoints int `json:"max_webhook_endpoints,omitempty"`
+	// MaxSchedules bounds the tenant's schedules, and
+	// MinScheduleIntervalSeconds the shortest time between two fires of
+	// one (an interval, or the gap between a cron expression's minutes).
+	MaxSchedules               int `json:"max_schedules,omitempty"`
+	MinScheduleIntervalSeconds int `json:"min_schedule_interval_seconds,omitempty"`
 }
 
 // merge returns l with every zero field taken from def.
@@ -73,12 +78,19 @@ func (l Limits) merge(def Limits) Limits {
 	if l.MaxWebhookEndpoints == 0 {
 		l.MaxWebhookEndpoints = def.MaxWebhookEndpoints
 	}
+	if l.MaxSchedules == 0 {
+		l.MaxSchedules = def.MaxSchedules
+	}
+	if l.MinScheduleIntervalSeconds == 0 {
+		l.MinScheduleIntervalSeconds = def.MinScheduleIntervalSeconds
+	}
 	return l
 }
 
 func (l Limits) validate() error {
 	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 || l.SpendCapCents < 0 ||
-		l.MaxSignalsPerRun < 0 || l.MaxWorkflowVersions < 0 || l.MaxAPIKeys < 0 || l.MaxWebhookEndpoints < 0 {
+		l.MaxSignalsPerRun < 0 || l.MaxWorkflowVersions < 0 || l.MaxAPIKeys < 0 || l.MaxWebhookEndpoints < 0 ||
+		l.MaxSchedules < 0 || l.MinScheduleIntervalSeconds < 0 {
 		return errs.E(errs.Invalid, "limits must not be negative (weight at most 1000)")
 	}
 	return nil

@@ -35,6 +35,7 @@ import (
 	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
+	"github.com/composer-dev/composer/schedules"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/composer-dev/composer/workers"
@@ -137,11 +138,13 @@ type Server struct {
 	Coordinator *engine.Coordinator
 	Enqueuer    *outbox.Enqueuer
 	Sweeper     *engine.Sweeper
-	Authn       *auth.Authenticator
-	Authz       *auth.Authorizer
-	Live        *graph.Live
-	Limiter     *tenants.RateLimiter
-	slots       *tenants.Slots
+	// Schedules fires the tenants' schedules.
+	Schedules *schedules.Firer
+	Authn     *auth.Authenticator
+	Authz     *auth.Authorizer
+	Live      *graph.Live
+	Limiter   *tenants.RateLimiter
+	slots     *tenants.Slots
 	// Poller serves tenant workers' polls.
 	Poller *taskpoll.Poller
 	// Mux is the public listener's; Admin the operator's (metrics, health).
@@ -272,6 +275,8 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			return names.StillQueued(ctx, d.Redis, tenant, tasks)
 		}}, d.Log.Named("sweeper"))
 	s.Sweeper = sweeper
+	s.Schedules = &schedules.Firer{DB: d.DB, Coord: s.Coordinator, Limiter: s.Limiter, Log: d.Log.Named("schedules")}
+	s.Background = append(s.Background, s.Schedules)
 	rollup := &billing.Rollup{DB: d.DB, Log: d.Log.Named("usage"), Interval: d.Cfg.UsageRollupInterval,
 		Retention: time.Duration(d.Cfg.UsageRetentionDays) * 24 * time.Hour}
 	s.Background = append(s.Background, rollup)
@@ -283,7 +288,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, s.Poller, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
 		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter,
-			Webhooks: s.Webhooks, Workers: s.Poller, Log: d.Log.Named("graphql")},
+			Webhooks: s.Webhooks, Workers: s.Poller, Schedules: s.Schedules, Log: d.Log.Named("graphql")},
 		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	s.Mux.Handle("GET /schema.graphql", graph.SchemaHandler())
