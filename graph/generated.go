@@ -20,6 +20,7 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/graph/model"
+	"github.com/composer-dev/composer/schedules"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/google/uuid"
@@ -41,6 +42,7 @@ type ResolverRoot interface {
 	Mutation() MutationResolver
 	Query() QueryResolver
 	Run() RunResolver
+	Schedule() ScheduleResolver
 	Subscription() SubscriptionResolver
 	Task() TaskResolver
 	Tenant() TenantResolver
@@ -119,22 +121,28 @@ type ComplexityRoot struct {
 	Mutation struct {
 		AddMember              func(childComplexity int, subject string, role model.Role, email *string) int
 		Approve                func(childComplexity int, id uuid.UUID, signal *string, approved bool, comment *string, signalID *string) int
+		BackfillSchedule       func(childComplexity int, id uuid.UUID, from time.Time, to time.Time) int
 		CancelRun              func(childComplexity int, id uuid.UUID, reason *string) int
 		ChangeMemberRole       func(childComplexity int, subject string, role model.Role) int
 		CreateAPIKey           func(childComplexity int, input model.CreateAPIKeyInput) int
+		CreateSchedule         func(childComplexity int, input model.CreateScheduleInput) int
 		CreateWebhookEndpoint  func(childComplexity int, input model.CreateWebhookEndpointInput) int
 		CreateWorkflow         func(childComplexity int, input model.CreateWorkflowInput) int
+		DeleteSchedule         func(childComplexity int, id uuid.UUID) int
 		DeleteWebhookEndpoint  func(childComplexity int, id uuid.UUID) int
 		DisableWebhookEndpoint func(childComplexity int, id uuid.UUID) int
+		PauseSchedule          func(childComplexity int, id uuid.UUID) int
 		PublishWorkflowVersion func(childComplexity int, workflowID uuid.UUID, definition json.RawMessage) int
 		RedeliverWebhook       func(childComplexity int, deliveryID uuid.UUID) int
 		RemoveMember           func(childComplexity int, subject string) int
 		RerunRun               func(childComplexity int, id uuid.UUID, mode *model.RerunMode) int
+		ResumeSchedule         func(childComplexity int, id uuid.UUID) int
 		RevokeAPIKey           func(childComplexity int, id uuid.UUID) int
 		RotateWebhookSecret    func(childComplexity int, id uuid.UUID, graceSeconds *int) int
 		SendWebhookTestPing    func(childComplexity int, endpointID uuid.UUID) int
 		SignalRun              func(childComplexity int, id uuid.UUID, name string, payload json.RawMessage, signalID *string) int
 		StartRun               func(childComplexity int, input model.StartRunInput) int
+		UpdateSchedule         func(childComplexity int, id uuid.UUID, input model.UpdateScheduleInput) int
 		UpdateWebhookEndpoint  func(childComplexity int, id uuid.UUID, input model.UpdateWebhookEndpointInput) int
 	}
 
@@ -149,6 +157,8 @@ type ComplexityRoot struct {
 		Members           func(childComplexity int) int
 		Run               func(childComplexity int, id uuid.UUID) int
 		Runs              func(childComplexity int, first *int, after *string, filter *model.RunFilter) int
+		Schedule          func(childComplexity int, id uuid.UUID) int
+		Schedules         func(childComplexity int, workflowID *uuid.UUID, first *int, after *string) int
 		Tenant            func(childComplexity int) int
 		Viewer            func(childComplexity int) int
 		WebhookDeliveries func(childComplexity int, endpointID *uuid.UUID, runID *uuid.UUID, state *model.WebhookDeliveryState, first *int, after *string) int
@@ -203,6 +213,57 @@ type ComplexityRoot struct {
 		TaskID    func(childComplexity int) int
 	}
 
+	Schedule struct {
+		BufferedFireAt       func(childComplexity int) int
+		CatchupWindowSeconds func(childComplexity int) int
+		CreatedAt            func(childComplexity int) int
+		CreatedBy            func(childComplexity int) int
+		Cron                 func(childComplexity int) int
+		Description          func(childComplexity int) int
+		ExternalID           func(childComplexity int) int
+		ID                   func(childComplexity int) int
+		Input                func(childComplexity int) int
+		IntervalSeconds      func(childComplexity int) int
+		LastError            func(childComplexity int) int
+		LastFireAt           func(childComplexity int) int
+		LastOutcome          func(childComplexity int) int
+		LastRunID            func(childComplexity int) int
+		Metadata             func(childComplexity int) int
+		MissedCount          func(childComplexity int) int
+		NextFireAt           func(childComplexity int) int
+		NextFireTimes        func(childComplexity int, count int) int
+		Overlap              func(childComplexity int) int
+		Paused               func(childComplexity int) int
+		RecentFires          func(childComplexity int, first *int) int
+		RefusedCount         func(childComplexity int) int
+		SkippedCount         func(childComplexity int) int
+		StartedCount         func(childComplexity int) int
+		TimeZone             func(childComplexity int) int
+		UpdatedAt            func(childComplexity int) int
+		WorkflowID           func(childComplexity int) int
+		WorkflowVersion      func(childComplexity int) int
+	}
+
+	ScheduleConnection struct {
+		Edges    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	ScheduleEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
+	ScheduleFire struct {
+		Backfill     func(childComplexity int) int
+		ErrorCode    func(childComplexity int) int
+		ErrorMessage func(childComplexity int) int
+		FireAt       func(childComplexity int) int
+		Outcome      func(childComplexity int) int
+		RecordedAt   func(childComplexity int) int
+		RunID        func(childComplexity int) int
+	}
+
 	SignalPayload struct {
 		Ignored func(childComplexity int) int
 		Reason  func(childComplexity int) int
@@ -248,12 +309,14 @@ type ComplexityRoot struct {
 	}
 
 	TenantLimits struct {
-		MaxQueuedTasks  func(childComplexity int) int
-		MaxRunningTasks func(childComplexity int) int
-		SpendCapCents   func(childComplexity int) int
-		StartBurst      func(childComplexity int) int
-		StartsPerSecond func(childComplexity int) int
-		Weight          func(childComplexity int) int
+		MaxQueuedTasks             func(childComplexity int) int
+		MaxRunningTasks            func(childComplexity int) int
+		MaxSchedules               func(childComplexity int) int
+		MinScheduleIntervalSeconds func(childComplexity int) int
+		SpendCapCents              func(childComplexity int) int
+		StartBurst                 func(childComplexity int) int
+		StartsPerSecond            func(childComplexity int) int
+		Weight                     func(childComplexity int) int
 	}
 
 	TenantUsage struct {
@@ -398,6 +461,12 @@ type MutationResolver interface {
 	AddMember(ctx context.Context, subject string, role model.Role, email *string) (*auth.Member, error)
 	ChangeMemberRole(ctx context.Context, subject string, role model.Role) (*auth.Member, error)
 	RemoveMember(ctx context.Context, subject string) (bool, error)
+	CreateSchedule(ctx context.Context, input model.CreateScheduleInput) (*schedules.Schedule, error)
+	UpdateSchedule(ctx context.Context, id uuid.UUID, input model.UpdateScheduleInput) (*schedules.Schedule, error)
+	PauseSchedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
+	ResumeSchedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
+	DeleteSchedule(ctx context.Context, id uuid.UUID) (uuid.UUID, error)
+	BackfillSchedule(ctx context.Context, id uuid.UUID, from time.Time, to time.Time) ([]schedules.Fire, error)
 	CreateWebhookEndpoint(ctx context.Context, input model.CreateWebhookEndpointInput) (*model.WebhookEndpointSecret, error)
 	UpdateWebhookEndpoint(ctx context.Context, id uuid.UUID, input model.UpdateWebhookEndpointInput) (*webhooks.Endpoint, error)
 	RotateWebhookSecret(ctx context.Context, id uuid.UUID, graceSeconds *int) (*model.WebhookEndpointSecret, error)
@@ -417,6 +486,8 @@ type QueryResolver interface {
 	Members(ctx context.Context) ([]auth.Member, error)
 	Workers(ctx context.Context) ([]taskpoll.Worker, error)
 	InvoicePreview(ctx context.Context, period *string) (*model.Invoice, error)
+	Schedules(ctx context.Context, workflowID *uuid.UUID, first *int, after *string) (*model.ScheduleConnection, error)
+	Schedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
 	WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoint, error)
 	WebhookEndpoint(ctx context.Context, id uuid.UUID) (*webhooks.Endpoint, error)
 	WebhookDeliveries(ctx context.Context, endpointID *uuid.UUID, runID *uuid.UUID, state *model.WebhookDeliveryState, first *int, after *string) (*model.WebhookDeliveryConnection, error)
@@ -431,6 +502,9 @@ type RunResolver interface {
 
 	Tasks(ctx context.Context, obj *engine.RunView) ([]engine.TaskView, error)
 	Timeline(ctx context.Context, obj *engine.RunView, first *int) ([]engine.RunEvent, error)
+}
+type ScheduleResolver interface {
+	RecentFires(ctx context.Context, obj *schedules.Schedule, first *int) ([]schedules.Fire, error)
 }
 type SubscriptionResolver interface {
 	RunUpdated(ctx context.Context, id uuid.UUID) (<-chan *engine.RunView, error)
@@ -745,6 +819,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.Approve(childComplexity, args["id"].(uuid.UUID), args["signal"].(*string), args["approved"].(bool), args["comment"].(*string), args["signalId"].(*string)), true
+	case "Mutation.backfillSchedule":
+		if e.ComplexityRoot.Mutation.BackfillSchedule == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_backfillSchedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.BackfillSchedule(childComplexity, args["id"].(uuid.UUID), args["from"].(time.Time), args["to"].(time.Time)), true
 	case "Mutation.cancelRun":
 		if e.ComplexityRoot.Mutation.CancelRun == nil {
 			break
@@ -778,6 +863,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateAPIKey(childComplexity, args["input"].(model.CreateAPIKeyInput)), true
+	case "Mutation.createSchedule":
+		if e.ComplexityRoot.Mutation.CreateSchedule == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_createSchedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.CreateSchedule(childComplexity, args["input"].(model.CreateScheduleInput)), true
 	case "Mutation.createWebhookEndpoint":
 		if e.ComplexityRoot.Mutation.CreateWebhookEndpoint == nil {
 			break
@@ -800,6 +896,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateWorkflow(childComplexity, args["input"].(model.CreateWorkflowInput)), true
+	case "Mutation.deleteSchedule":
+		if e.ComplexityRoot.Mutation.DeleteSchedule == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteSchedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteSchedule(childComplexity, args["id"].(uuid.UUID)), true
 	case "Mutation.deleteWebhookEndpoint":
 		if e.ComplexityRoot.Mutation.DeleteWebhookEndpoint == nil {
 			break
@@ -822,6 +929,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.DisableWebhookEndpoint(childComplexity, args["id"].(uuid.UUID)), true
+	case "Mutation.pauseSchedule":
+		if e.ComplexityRoot.Mutation.PauseSchedule == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_pauseSchedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.PauseSchedule(childComplexity, args["id"].(uuid.UUID)), true
 	case "Mutation.publishWorkflowVersion":
 		if e.ComplexityRoot.Mutation.PublishWorkflowVersion == nil {
 			break
@@ -866,6 +984,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.RerunRun(childComplexity, args["id"].(uuid.UUID), args["mode"].(*model.RerunMode)), true
+	case "Mutation.resumeSchedule":
+		if e.ComplexityRoot.Mutation.ResumeSchedule == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resumeSchedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResumeSchedule(childComplexity, args["id"].(uuid.UUID)), true
 	case "Mutation.revokeApiKey":
 		if e.ComplexityRoot.Mutation.RevokeAPIKey == nil {
 			break
@@ -921,6 +1050,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.StartRun(childComplexity, args["input"].(model.StartRunInput)), true
+	case "Mutation.updateSchedule":
+		if e.ComplexityRoot.Mutation.UpdateSchedule == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_updateSchedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.UpdateSchedule(childComplexity, args["id"].(uuid.UUID), args["input"].(model.UpdateScheduleInput)), true
 	case "Mutation.updateWebhookEndpoint":
 		if e.ComplexityRoot.Mutation.UpdateWebhookEndpoint == nil {
 			break
@@ -997,6 +1137,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Runs(childComplexity, args["first"].(*int), args["after"].(*string), args["filter"].(*model.RunFilter)), true
+	case "Query.schedule":
+		if e.ComplexityRoot.Query.Schedule == nil {
+			break
+		}
+
+		args, err := ec.field_Query_schedule_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Schedule(childComplexity, args["id"].(uuid.UUID)), true
+	case "Query.schedules":
+		if e.ComplexityRoot.Query.Schedules == nil {
+			break
+		}
+
+		args, err := ec.field_Query_schedules_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Schedules(childComplexity, args["workflowId"].(*uuid.UUID), args["first"].(*int), args["after"].(*string)), true
 	case "Query.tenant":
 		if e.ComplexityRoot.Query.Tenant == nil {
 			break
@@ -1255,6 +1417,254 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.RunEvent.TaskID(childComplexity), true
 
+	case "Schedule.bufferedFireAt":
+		if e.ComplexityRoot.Schedule.BufferedFireAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.BufferedFireAt(childComplexity), true
+	case "Schedule.catchupWindowSeconds":
+		if e.ComplexityRoot.Schedule.CatchupWindowSeconds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.CatchupWindowSeconds(childComplexity), true
+	case "Schedule.createdAt":
+		if e.ComplexityRoot.Schedule.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.CreatedAt(childComplexity), true
+	case "Schedule.createdBy":
+		if e.ComplexityRoot.Schedule.CreatedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.CreatedBy(childComplexity), true
+	case "Schedule.cron":
+		if e.ComplexityRoot.Schedule.Cron == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Cron(childComplexity), true
+	case "Schedule.description":
+		if e.ComplexityRoot.Schedule.Description == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Description(childComplexity), true
+	case "Schedule.externalId":
+		if e.ComplexityRoot.Schedule.ExternalID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.ExternalID(childComplexity), true
+	case "Schedule.id":
+		if e.ComplexityRoot.Schedule.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.ID(childComplexity), true
+	case "Schedule.input":
+		if e.ComplexityRoot.Schedule.Input == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Input(childComplexity), true
+	case "Schedule.intervalSeconds":
+		if e.ComplexityRoot.Schedule.IntervalSeconds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.IntervalSeconds(childComplexity), true
+	case "Schedule.lastError":
+		if e.ComplexityRoot.Schedule.LastError == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.LastError(childComplexity), true
+	case "Schedule.lastFireAt":
+		if e.ComplexityRoot.Schedule.LastFireAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.LastFireAt(childComplexity), true
+	case "Schedule.lastOutcome":
+		if e.ComplexityRoot.Schedule.LastOutcome == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.LastOutcome(childComplexity), true
+	case "Schedule.lastRunId":
+		if e.ComplexityRoot.Schedule.LastRunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.LastRunID(childComplexity), true
+	case "Schedule.metadata":
+		if e.ComplexityRoot.Schedule.Metadata == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Metadata(childComplexity), true
+	case "Schedule.missedCount":
+		if e.ComplexityRoot.Schedule.MissedCount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.MissedCount(childComplexity), true
+	case "Schedule.nextFireAt":
+		if e.ComplexityRoot.Schedule.NextFireAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.NextFireAt(childComplexity), true
+	case "Schedule.nextFireTimes":
+		if e.ComplexityRoot.Schedule.NextFireTimes == nil {
+			break
+		}
+
+		args, err := ec.field_Schedule_nextFireTimes_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Schedule.NextFireTimes(childComplexity, args["count"].(int)), true
+	case "Schedule.overlap":
+		if e.ComplexityRoot.Schedule.Overlap == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Overlap(childComplexity), true
+	case "Schedule.paused":
+		if e.ComplexityRoot.Schedule.Paused == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Paused(childComplexity), true
+	case "Schedule.recentFires":
+		if e.ComplexityRoot.Schedule.RecentFires == nil {
+			break
+		}
+
+		args, err := ec.field_Schedule_recentFires_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Schedule.RecentFires(childComplexity, args["first"].(*int)), true
+	case "Schedule.refusedCount":
+		if e.ComplexityRoot.Schedule.RefusedCount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.RefusedCount(childComplexity), true
+	case "Schedule.skippedCount":
+		if e.ComplexityRoot.Schedule.SkippedCount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.SkippedCount(childComplexity), true
+	case "Schedule.startedCount":
+		if e.ComplexityRoot.Schedule.StartedCount == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.StartedCount(childComplexity), true
+	case "Schedule.timeZone":
+		if e.ComplexityRoot.Schedule.TimeZone == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.TimeZone(childComplexity), true
+	case "Schedule.updatedAt":
+		if e.ComplexityRoot.Schedule.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.UpdatedAt(childComplexity), true
+	case "Schedule.workflowId":
+		if e.ComplexityRoot.Schedule.WorkflowID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.WorkflowID(childComplexity), true
+	case "Schedule.workflowVersion":
+		if e.ComplexityRoot.Schedule.WorkflowVersion == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.WorkflowVersion(childComplexity), true
+
+	case "ScheduleConnection.edges":
+		if e.ComplexityRoot.ScheduleConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleConnection.Edges(childComplexity), true
+	case "ScheduleConnection.pageInfo":
+		if e.ComplexityRoot.ScheduleConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleConnection.PageInfo(childComplexity), true
+
+	case "ScheduleEdge.cursor":
+		if e.ComplexityRoot.ScheduleEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleEdge.Cursor(childComplexity), true
+	case "ScheduleEdge.node":
+		if e.ComplexityRoot.ScheduleEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleEdge.Node(childComplexity), true
+
+	case "ScheduleFire.backfill":
+		if e.ComplexityRoot.ScheduleFire.Backfill == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.Backfill(childComplexity), true
+	case "ScheduleFire.errorCode":
+		if e.ComplexityRoot.ScheduleFire.ErrorCode == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.ErrorCode(childComplexity), true
+	case "ScheduleFire.errorMessage":
+		if e.ComplexityRoot.ScheduleFire.ErrorMessage == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.ErrorMessage(childComplexity), true
+	case "ScheduleFire.fireAt":
+		if e.ComplexityRoot.ScheduleFire.FireAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.FireAt(childComplexity), true
+	case "ScheduleFire.outcome":
+		if e.ComplexityRoot.ScheduleFire.Outcome == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.Outcome(childComplexity), true
+	case "ScheduleFire.recordedAt":
+		if e.ComplexityRoot.ScheduleFire.RecordedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.RecordedAt(childComplexity), true
+	case "ScheduleFire.runId":
+		if e.ComplexityRoot.ScheduleFire.RunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ScheduleFire.RunID(childComplexity), true
+
 	case "SignalPayload.ignored":
 		if e.ComplexityRoot.SignalPayload.Ignored == nil {
 			break
@@ -1456,6 +1866,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.TenantLimits.MaxRunningTasks(childComplexity), true
+	case "TenantLimits.maxSchedules":
+		if e.ComplexityRoot.TenantLimits.MaxSchedules == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.MaxSchedules(childComplexity), true
+	case "TenantLimits.minScheduleIntervalSeconds":
+		if e.ComplexityRoot.TenantLimits.MinScheduleIntervalSeconds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.MinScheduleIntervalSeconds(childComplexity), true
 	case "TenantLimits.spendCapCents":
 		if e.ComplexityRoot.TenantLimits.SpendCapCents == nil {
 			break
@@ -1983,10 +2405,12 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
 		return graphql.NewInputUnmarshalerIndex(
 			graphql.NewInputUnmarshaler("CreateApiKeyInput", ec.unmarshalInputCreateApiKeyInput),
+			graphql.NewInputUnmarshaler("CreateScheduleInput", ec.unmarshalInputCreateScheduleInput),
 			graphql.NewInputUnmarshaler("CreateWebhookEndpointInput", ec.unmarshalInputCreateWebhookEndpointInput),
 			graphql.NewInputUnmarshaler("CreateWorkflowInput", ec.unmarshalInputCreateWorkflowInput),
 			graphql.NewInputUnmarshaler("RunFilter", ec.unmarshalInputRunFilter),
 			graphql.NewInputUnmarshaler("StartRunInput", ec.unmarshalInputStartRunInput),
+			graphql.NewInputUnmarshaler("UpdateScheduleInput", ec.unmarshalInputUpdateScheduleInput),
 			graphql.NewInputUnmarshaler("UpdateWebhookEndpointInput", ec.unmarshalInputUpdateWebhookEndpointInput),
 		)
 	}
@@ -2080,7 +2504,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "billing.graphqls" "schema.graphqls" "webhooks.graphqls"
+//go:embed "billing.graphqls" "schedules.graphqls" "schema.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -2093,6 +2517,7 @@ func sourceData(filename string) string {
 
 var sources = []*ast.Source{
 	{Name: "billing.graphqls", Input: sourceData("billing.graphqls"), BuiltIn: false},
+	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
 	{Name: "webhooks.graphqls", Input: sourceData("webhooks.graphqls"), BuiltIn: false},
 }
@@ -2316,6 +2741,108 @@ func (ec *executionContext) childFields_RunEvent(ctx context.Context, field grap
 	return nil, fmt.Errorf("no field named %q was found under type RunEvent", field.Name)
 }
 
+func (ec *executionContext) childFields_Schedule(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Schedule_id(ctx, field)
+	case "workflowId":
+		return ec.fieldContext_Schedule_workflowId(ctx, field)
+	case "workflowVersion":
+		return ec.fieldContext_Schedule_workflowVersion(ctx, field)
+	case "cron":
+		return ec.fieldContext_Schedule_cron(ctx, field)
+	case "intervalSeconds":
+		return ec.fieldContext_Schedule_intervalSeconds(ctx, field)
+	case "timeZone":
+		return ec.fieldContext_Schedule_timeZone(ctx, field)
+	case "input":
+		return ec.fieldContext_Schedule_input(ctx, field)
+	case "metadata":
+		return ec.fieldContext_Schedule_metadata(ctx, field)
+	case "externalId":
+		return ec.fieldContext_Schedule_externalId(ctx, field)
+	case "description":
+		return ec.fieldContext_Schedule_description(ctx, field)
+	case "overlap":
+		return ec.fieldContext_Schedule_overlap(ctx, field)
+	case "catchupWindowSeconds":
+		return ec.fieldContext_Schedule_catchupWindowSeconds(ctx, field)
+	case "paused":
+		return ec.fieldContext_Schedule_paused(ctx, field)
+	case "nextFireAt":
+		return ec.fieldContext_Schedule_nextFireAt(ctx, field)
+	case "nextFireTimes":
+		return ec.fieldContext_Schedule_nextFireTimes(ctx, field)
+	case "bufferedFireAt":
+		return ec.fieldContext_Schedule_bufferedFireAt(ctx, field)
+	case "lastFireAt":
+		return ec.fieldContext_Schedule_lastFireAt(ctx, field)
+	case "lastRunId":
+		return ec.fieldContext_Schedule_lastRunId(ctx, field)
+	case "lastOutcome":
+		return ec.fieldContext_Schedule_lastOutcome(ctx, field)
+	case "lastError":
+		return ec.fieldContext_Schedule_lastError(ctx, field)
+	case "startedCount":
+		return ec.fieldContext_Schedule_startedCount(ctx, field)
+	case "skippedCount":
+		return ec.fieldContext_Schedule_skippedCount(ctx, field)
+	case "refusedCount":
+		return ec.fieldContext_Schedule_refusedCount(ctx, field)
+	case "missedCount":
+		return ec.fieldContext_Schedule_missedCount(ctx, field)
+	case "recentFires":
+		return ec.fieldContext_Schedule_recentFires(ctx, field)
+	case "createdBy":
+		return ec.fieldContext_Schedule_createdBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_Schedule_createdAt(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_Schedule_updatedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Schedule", field.Name)
+}
+
+func (ec *executionContext) childFields_ScheduleConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_ScheduleConnection_edges(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_ScheduleConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ScheduleConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_ScheduleEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_ScheduleEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_ScheduleEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ScheduleEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_ScheduleFire(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "fireAt":
+		return ec.fieldContext_ScheduleFire_fireAt(ctx, field)
+	case "runId":
+		return ec.fieldContext_ScheduleFire_runId(ctx, field)
+	case "outcome":
+		return ec.fieldContext_ScheduleFire_outcome(ctx, field)
+	case "backfill":
+		return ec.fieldContext_ScheduleFire_backfill(ctx, field)
+	case "errorCode":
+		return ec.fieldContext_ScheduleFire_errorCode(ctx, field)
+	case "errorMessage":
+		return ec.fieldContext_ScheduleFire_errorMessage(ctx, field)
+	case "recordedAt":
+		return ec.fieldContext_ScheduleFire_recordedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ScheduleFire", field.Name)
+}
+
 func (ec *executionContext) childFields_SignalPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "run":
@@ -2408,6 +2935,10 @@ func (ec *executionContext) childFields_TenantLimits(ctx context.Context, field 
 		return ec.fieldContext_TenantLimits_weight(ctx, field)
 	case "spendCapCents":
 		return ec.fieldContext_TenantLimits_spendCapCents(ctx, field)
+	case "maxSchedules":
+		return ec.fieldContext_TenantLimits_maxSchedules(ctx, field)
+	case "minScheduleIntervalSeconds":
+		return ec.fieldContext_TenantLimits_minScheduleIntervalSeconds(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type TenantLimits", field.Name)
 }
@@ -2844,6 +3375,36 @@ func (ec *executionContext) field_Mutation_approve_args(ctx context.Context, raw
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_backfillSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_cancelRun_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2902,6 +3463,20 @@ func (ec *executionContext) field_Mutation_createApiKey_args(ctx context.Context
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_createSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.CreateScheduleInput, error) {
+			return ec.unmarshalNCreateScheduleInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateScheduleInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_createWebhookEndpoint_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2930,6 +3505,20 @@ func (ec *executionContext) field_Mutation_createWorkflow_args(ctx context.Conte
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_deleteSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_deleteWebhookEndpoint_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -2945,6 +3534,20 @@ func (ec *executionContext) field_Mutation_deleteWebhookEndpoint_args(ctx contex
 }
 
 func (ec *executionContext) field_Mutation_disableWebhookEndpoint_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_pauseSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
@@ -3027,6 +3630,20 @@ func (ec *executionContext) field_Mutation_rerunRun_args(ctx context.Context, ra
 		return nil, err
 	}
 	args["mode"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_resumeSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
 	return args, nil
 }
 
@@ -3129,6 +3746,28 @@ func (ec *executionContext) field_Mutation_startRun_args(ctx context.Context, ra
 		return nil, err
 	}
 	args["input"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_updateSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.UpdateScheduleInput, error) {
+			return ec.unmarshalNUpdateScheduleInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐUpdateScheduleInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg1
 	return args, nil
 }
 
@@ -3248,6 +3887,50 @@ func (ec *executionContext) field_Query_runs_args(ctx context.Context, rawArgs m
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_schedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_schedules_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "workflowId",
+		func(ctx context.Context, v any) (*uuid.UUID, error) {
+			return ec.unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["workflowId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg2
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_webhookDeliveries_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3359,6 +4042,34 @@ func (ec *executionContext) field_Query_workflows_args(ctx context.Context, rawA
 }
 
 func (ec *executionContext) field_Run_timeline_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Schedule_nextFireTimes_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "count",
+		func(ctx context.Context, v any) (int, error) {
+			return ec.unmarshalNInt2int(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["count"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Schedule_recentFires_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
@@ -4948,6 +5659,270 @@ func (ec *executionContext) fieldContext_Mutation_removeMember(ctx context.Conte
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_createSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_createSchedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().CreateSchedule(ctx, fc.Args["input"].(model.CreateScheduleInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+			return ec.marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_createSchedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Schedule(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_createSchedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_updateSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_updateSchedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().UpdateSchedule(ctx, fc.Args["id"].(uuid.UUID), fc.Args["input"].(model.UpdateScheduleInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+			return ec.marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_updateSchedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Schedule(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_updateSchedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_pauseSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_pauseSchedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().PauseSchedule(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+			return ec.marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_pauseSchedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Schedule(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_pauseSchedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resumeSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resumeSchedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResumeSchedule(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+			return ec.marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resumeSchedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Schedule(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resumeSchedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteSchedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteSchedule(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v uuid.UUID) graphql.Marshaler {
+			return ec.marshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteSchedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type ID does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteSchedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_backfillSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_backfillSchedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().BackfillSchedule(ctx, fc.Args["id"].(uuid.UUID), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []schedules.Fire) graphql.Marshaler {
+			return ec.marshalNScheduleFire2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐFireᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_backfillSchedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ScheduleFire(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_backfillSchedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_createWebhookEndpoint(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -5688,6 +6663,94 @@ func (ec *executionContext) fieldContext_Query_invoicePreview(ctx context.Contex
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_invoicePreview_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_schedules(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_schedules(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Schedules(ctx, fc.Args["workflowId"].(*uuid.UUID), fc.Args["first"].(*int), fc.Args["after"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ScheduleConnection) graphql.Marshaler {
+			return ec.marshalNScheduleConnection2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐScheduleConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_schedules(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ScheduleConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_schedules_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_schedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_schedule(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Schedule(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+			return ec.marshalOSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_schedule(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Schedule(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_schedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -6653,6 +7716,972 @@ func (ec *executionContext) fieldContext_RunEvent_createdAt(_ context.Context, f
 	return graphql.NewScalarFieldContext("RunEvent", field, false, false, "Time")
 }
 
+func (ec *executionContext) _Schedule_id(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v uuid.UUID) graphql.Marshaler {
+			return ec.marshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Schedule_workflowId(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_workflowId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.WorkflowID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v uuid.UUID) graphql.Marshaler {
+			return ec.marshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_workflowId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Schedule_workflowVersion(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_workflowVersion(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.WorkflowVersion, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_workflowVersion(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Schedule_cron(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_cron(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cron, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_cron(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "String")
+}
+
+func (ec *executionContext) _Schedule_intervalSeconds(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_intervalSeconds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.IntervalSeconds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int) graphql.Marshaler {
+			return ec.marshalOInt2ᚖint(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_intervalSeconds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Schedule_timeZone(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_timeZone(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.TimeZone, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_timeZone(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "String")
+}
+
+func (ec *executionContext) _Schedule_input(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_input(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Input, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
+			return ec.marshalNJSON2encodingᚋjsonᚐRawMessage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_input(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "JSON")
+}
+
+func (ec *executionContext) _Schedule_metadata(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_metadata(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Metadata, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
+			return ec.marshalNJSON2encodingᚋjsonᚐRawMessage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_metadata(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "JSON")
+}
+
+func (ec *executionContext) _Schedule_externalId(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_externalId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ExternalID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_externalId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "String")
+}
+
+func (ec *executionContext) _Schedule_description(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_description(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Description, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "String")
+}
+
+func (ec *executionContext) _Schedule_overlap(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_overlap(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Overlap, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v schedules.Overlap) graphql.Marshaler {
+			return ec.marshalNScheduleOverlapPolicy2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_overlap(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "ScheduleOverlapPolicy")
+}
+
+func (ec *executionContext) _Schedule_catchupWindowSeconds(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_catchupWindowSeconds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CatchupWindowSeconds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_catchupWindowSeconds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Schedule_paused(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_paused(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Paused, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_paused(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _Schedule_nextFireAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_nextFireAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NextFireAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_nextFireAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Schedule_nextFireTimes(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_nextFireTimes(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return obj.NextFireTimes(fc.Args["count"].(int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []time.Time) graphql.Marshaler {
+			return ec.marshalNTime2ᚕtimeᚐTimeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_nextFireTimes(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Schedule",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type Time does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Schedule_nextFireTimes_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Schedule_bufferedFireAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_bufferedFireAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.BufferedFireAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_bufferedFireAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Schedule_lastFireAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_lastFireAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastFireAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_lastFireAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Schedule_lastRunId(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_lastRunId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastRunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_lastRunId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Schedule_lastOutcome(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_lastOutcome(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastOutcome, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Outcome) graphql.Marshaler {
+			return ec.marshalOScheduleFireOutcome2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOutcome(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_lastOutcome(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "ScheduleFireOutcome")
+}
+
+func (ec *executionContext) _Schedule_lastError(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_lastError(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastError, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_lastError(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "String")
+}
+
+func (ec *executionContext) _Schedule_startedCount(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_startedCount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartedCount, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_startedCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Schedule_skippedCount(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_skippedCount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SkippedCount, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_skippedCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Schedule_refusedCount(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_refusedCount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RefusedCount, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_refusedCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Schedule_missedCount(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_missedCount(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MissedCount, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_missedCount(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Schedule_recentFires(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_recentFires(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Schedule().RecentFires(ctx, obj, fc.Args["first"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []schedules.Fire) graphql.Marshaler {
+			return ec.marshalNScheduleFire2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐFireᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_recentFires(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Schedule",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ScheduleFire(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Schedule_recentFires_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Schedule_createdBy(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_createdBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_createdBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "String")
+}
+
+func (ec *executionContext) _Schedule_createdAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Schedule_updatedAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ScheduleConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.ScheduleConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ScheduleEdge) graphql.Marshaler {
+			return ec.marshalNScheduleEdge2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐScheduleEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ScheduleConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ScheduleEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ScheduleConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.ScheduleConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ScheduleConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ScheduleEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.ScheduleEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _ScheduleEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.ScheduleEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+			return ec.marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ScheduleEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Schedule(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ScheduleFire_fireAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_fireAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FireAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_fireAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ScheduleFire_runId(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_runId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_runId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ScheduleFire_outcome(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_outcome(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Outcome, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v schedules.Outcome) graphql.Marshaler {
+			return ec.marshalNScheduleFireOutcome2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOutcome(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_outcome(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "ScheduleFireOutcome")
+}
+
+func (ec *executionContext) _ScheduleFire_backfill(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_backfill(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Backfill, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_backfill(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _ScheduleFire_errorCode(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_errorCode(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ErrorCode, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_errorCode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "String")
+}
+
+func (ec *executionContext) _ScheduleFire_errorMessage(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_errorMessage(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ErrorMessage, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_errorMessage(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "String")
+}
+
+func (ec *executionContext) _ScheduleFire_recordedAt(ctx context.Context, field graphql.CollectedField, obj *schedules.Fire) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ScheduleFire_recordedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RecordedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ScheduleFire_recordedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "Time")
+}
+
 func (ec *executionContext) _SignalPayload_run(ctx context.Context, field graphql.CollectedField, obj *model.SignalPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7534,6 +9563,52 @@ func (ec *executionContext) _TenantLimits_spendCapCents(ctx context.Context, fie
 }
 func (ec *executionContext) fieldContext_TenantLimits_spendCapCents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("TenantLimits", field, true, true, "Int64")
+}
+
+func (ec *executionContext) _TenantLimits_maxSchedules(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_maxSchedules(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MaxSchedules, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_maxSchedules(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
+}
+
+func (ec *executionContext) _TenantLimits_minScheduleIntervalSeconds(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_minScheduleIntervalSeconds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MinScheduleIntervalSeconds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_minScheduleIntervalSeconds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
 }
 
 func (ec *executionContext) _TenantUsage_runningRuns(ctx context.Context, field graphql.CollectedField, obj *model.TenantUsage) (ret graphql.Marshaler) {
@@ -10600,6 +12675,132 @@ func UnmarshalCreateApiKeyInput(ctx context.Context, raw any) (model.CreateAPIKe
 	return out, err
 }
 
+func (ec *executionContext) unmarshalInputCreateScheduleInput(ctx context.Context, obj any) (model.CreateScheduleInput, error) {
+	var it model.CreateScheduleInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"workflowId", "workflowName", "workflowVersion", "cron", "intervalSeconds", "timeZone", "input", "metadata", "externalId", "description", "overlap", "catchupWindowSeconds", "paused"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "workflowId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("workflowId"))
+			data, err := ec.unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.WorkflowID = data
+		case "workflowName":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("workflowName"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.WorkflowName = data
+		case "workflowVersion":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("workflowVersion"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.WorkflowVersion = data
+		case "cron":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("cron"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Cron = data
+		case "intervalSeconds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("intervalSeconds"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IntervalSeconds = data
+		case "timeZone":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("timeZone"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.TimeZone = data
+		case "input":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("input"))
+			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Input = data
+		case "metadata":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("metadata"))
+			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Metadata = data
+		case "externalId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("externalId"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ExternalID = data
+		case "description":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("description"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Description = data
+		case "overlap":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("overlap"))
+			data, err := ec.unmarshalOScheduleOverlapPolicy2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Overlap = data
+		case "catchupWindowSeconds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("catchupWindowSeconds"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CatchupWindowSeconds = data
+		case "paused":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("paused"))
+			data, err := ec.unmarshalOBoolean2ᚖbool(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Paused = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalCreateScheduleInput unmarshals raw into the CreateScheduleInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalCreateScheduleInput(ctx context.Context, raw any) (model.CreateScheduleInput, error) {
+	var out model.CreateScheduleInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "CreateScheduleInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputCreateWebhookEndpointInput(ctx context.Context, obj any) (model.CreateWebhookEndpointInput, error) {
 	var it model.CreateWebhookEndpointInput
 	if obj == nil {
@@ -10867,6 +13068,111 @@ func (ec *executionContext) unmarshalInputStartRunInput(ctx context.Context, obj
 func UnmarshalStartRunInput(ctx context.Context, raw any) (model.StartRunInput, error) {
 	var out model.StartRunInput
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "StartRunInput", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputUpdateScheduleInput(ctx context.Context, obj any) (model.UpdateScheduleInput, error) {
+	var it model.UpdateScheduleInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"workflowVersion", "cron", "intervalSeconds", "timeZone", "input", "metadata", "externalId", "description", "overlap", "catchupWindowSeconds"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "workflowVersion":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("workflowVersion"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.WorkflowVersion = data
+		case "cron":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("cron"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Cron = data
+		case "intervalSeconds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("intervalSeconds"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IntervalSeconds = data
+		case "timeZone":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("timeZone"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.TimeZone = data
+		case "input":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("input"))
+			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Input = data
+		case "metadata":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("metadata"))
+			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Metadata = data
+		case "externalId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("externalId"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ExternalID = data
+		case "description":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("description"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Description = data
+		case "overlap":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("overlap"))
+			data, err := ec.unmarshalOScheduleOverlapPolicy2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Overlap = data
+		case "catchupWindowSeconds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("catchupWindowSeconds"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CatchupWindowSeconds = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalUpdateScheduleInput unmarshals raw into the UpdateScheduleInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalUpdateScheduleInput(ctx context.Context, raw any) (model.UpdateScheduleInput, error) {
+	var out model.UpdateScheduleInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "UpdateScheduleInput", raw, &out)
 	return out, err
 }
 
@@ -11432,6 +13738,48 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "createSchedule":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_createSchedule(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updateSchedule":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_updateSchedule(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pauseSchedule":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_pauseSchedule(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resumeSchedule":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resumeSchedule(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteSchedule":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteSchedule(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "backfillSchedule":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_backfillSchedule(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "createWebhookEndpoint":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_createWebhookEndpoint(ctx, field)
@@ -11614,6 +13962,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_invoicePreview(ctx, field)
+				})
+		case "schedules":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_schedules(ctx, field)
+				})
+		case "schedule":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_schedule(ctx, field)
 				})
 		case "webhookEndpoints":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -11955,6 +14315,314 @@ func (ec *executionContext) _RunEvent(ctx context.Context, sel ast.SelectionSet,
 	return out
 }
 
+var scheduleImplementors = []string{"Schedule"}
+
+func (ec *executionContext) _Schedule(ctx context.Context, sel ast.SelectionSet, obj *schedules.Schedule) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, scheduleImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Schedule")
+		case "id":
+			out.Values[i] = ec._Schedule_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "workflowId":
+			out.Values[i] = ec._Schedule_workflowId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "workflowVersion":
+			out.Values[i] = ec._Schedule_workflowVersion(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "cron":
+			out.Values[i] = ec._Schedule_cron(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "intervalSeconds":
+			out.Values[i] = ec._Schedule_intervalSeconds(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "timeZone":
+			out.Values[i] = ec._Schedule_timeZone(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "input":
+			out.Values[i] = ec._Schedule_input(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "metadata":
+			out.Values[i] = ec._Schedule_metadata(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "externalId":
+			out.Values[i] = ec._Schedule_externalId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "description":
+			out.Values[i] = ec._Schedule_description(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "overlap":
+			out.Values[i] = ec._Schedule_overlap(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "catchupWindowSeconds":
+			out.Values[i] = ec._Schedule_catchupWindowSeconds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "paused":
+			out.Values[i] = ec._Schedule_paused(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "nextFireAt":
+			out.Values[i] = ec._Schedule_nextFireAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "nextFireTimes":
+			out.Values[i] = ec._Schedule_nextFireTimes(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "bufferedFireAt":
+			out.Values[i] = ec._Schedule_bufferedFireAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastFireAt":
+			out.Values[i] = ec._Schedule_lastFireAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastRunId":
+			out.Values[i] = ec._Schedule_lastRunId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastOutcome":
+			out.Values[i] = ec._Schedule_lastOutcome(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastError":
+			out.Values[i] = ec._Schedule_lastError(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "startedCount":
+			out.Values[i] = ec._Schedule_startedCount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "skippedCount":
+			out.Values[i] = ec._Schedule_skippedCount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "refusedCount":
+			out.Values[i] = ec._Schedule_refusedCount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "missedCount":
+			out.Values[i] = ec._Schedule_missedCount(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "recentFires":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Schedule_recentFires(ctx, field, obj)
+				})
+		case "createdBy":
+			out.Values[i] = ec._Schedule_createdBy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "createdAt":
+			out.Values[i] = ec._Schedule_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "updatedAt":
+			out.Values[i] = ec._Schedule_updatedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var scheduleConnectionImplementors = []string{"ScheduleConnection"}
+
+func (ec *executionContext) _ScheduleConnection(ctx context.Context, sel ast.SelectionSet, obj *model.ScheduleConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, scheduleConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ScheduleConnection")
+		case "edges":
+			out.Values[i] = ec._ScheduleConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._ScheduleConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var scheduleEdgeImplementors = []string{"ScheduleEdge"}
+
+func (ec *executionContext) _ScheduleEdge(ctx context.Context, sel ast.SelectionSet, obj *model.ScheduleEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, scheduleEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ScheduleEdge")
+		case "cursor":
+			out.Values[i] = ec._ScheduleEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._ScheduleEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var scheduleFireImplementors = []string{"ScheduleFire"}
+
+func (ec *executionContext) _ScheduleFire(ctx context.Context, sel ast.SelectionSet, obj *schedules.Fire) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, scheduleFireImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ScheduleFire")
+		case "fireAt":
+			out.Values[i] = ec._ScheduleFire_fireAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "runId":
+			out.Values[i] = ec._ScheduleFire_runId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "outcome":
+			out.Values[i] = ec._ScheduleFire_outcome(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "backfill":
+			out.Values[i] = ec._ScheduleFire_backfill(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "errorCode":
+			out.Values[i] = ec._ScheduleFire_errorCode(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "errorMessage":
+			out.Values[i] = ec._ScheduleFire_errorMessage(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "recordedAt":
+			out.Values[i] = ec._ScheduleFire_recordedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var signalPayloadImplementors = []string{"SignalPayload"}
 
 func (ec *executionContext) _SignalPayload(ctx context.Context, sel ast.SelectionSet, obj *model.SignalPayload) graphql.Marshaler {
@@ -12269,6 +14937,16 @@ func (ec *executionContext) _TenantLimits(ctx context.Context, sel ast.Selection
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._TenantLimits_spendCapCents(ctx, field, obj)
 				})
+		case "maxSchedules":
+			out.Values[i] = ec._TenantLimits_maxSchedules(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "minScheduleIntervalSeconds":
+			out.Values[i] = ec._TenantLimits_minScheduleIntervalSeconds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -13495,6 +16173,11 @@ func (ec *executionContext) marshalNCreateApiKeyPayload2ᚖgithubᚗcomᚋcompos
 	return ec._CreateApiKeyPayload(ctx, sel, v)
 }
 
+func (ec *executionContext) unmarshalNCreateScheduleInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateScheduleInput(ctx context.Context, v any) (model.CreateScheduleInput, error) {
+	res, err := ec.unmarshalInputCreateScheduleInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
 func (ec *executionContext) unmarshalNCreateWebhookEndpointInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateWebhookEndpointInput(ctx context.Context, v any) (model.CreateWebhookEndpointInput, error) {
 	res, err := ec.unmarshalInputCreateWebhookEndpointInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -13793,6 +16476,82 @@ func (ec *executionContext) marshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋco
 	return v
 }
 
+func (ec *executionContext) marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx context.Context, sel ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Schedule!")
+		return graphql.Null
+	}
+	return ec._Schedule(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNScheduleConnection2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐScheduleConnection(ctx context.Context, sel ast.SelectionSet, v *model.ScheduleConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ScheduleConnection!")
+		return graphql.Null
+	}
+	return ec._ScheduleConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNScheduleEdge2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐScheduleEdge(ctx context.Context, sel ast.SelectionSet, v model.ScheduleEdge) graphql.Marshaler {
+	return ec._ScheduleEdge(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNScheduleEdge2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐScheduleEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ScheduleEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNScheduleEdge2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐScheduleEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNScheduleFire2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐFire(ctx context.Context, sel ast.SelectionSet, v schedules.Fire) graphql.Marshaler {
+	return ec._ScheduleFire(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNScheduleFire2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐFireᚄ(ctx context.Context, sel ast.SelectionSet, v []schedules.Fire) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNScheduleFire2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐFire(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) unmarshalNScheduleFireOutcome2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOutcome(ctx context.Context, v any) (schedules.Outcome, error) {
+	var res schedules.Outcome
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNScheduleFireOutcome2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOutcome(ctx context.Context, sel ast.SelectionSet, v schedules.Outcome) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) unmarshalNScheduleOverlapPolicy2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx context.Context, v any) (schedules.Overlap, error) {
+	var res schedules.Overlap
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNScheduleOverlapPolicy2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx context.Context, sel ast.SelectionSet, v schedules.Overlap) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) marshalNSignalPayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐSignalPayload(ctx context.Context, sel ast.SelectionSet, v *model.SignalPayload) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "SignalPayload!")
@@ -13925,6 +16684,35 @@ func (ec *executionContext) marshalNTime2timeᚐTime(ctx context.Context, sel as
 	return res
 }
 
+func (ec *executionContext) unmarshalNTime2ᚕtimeᚐTimeᚄ(ctx context.Context, v any) ([]time.Time, error) {
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]time.Time, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNTime2timeᚐTime(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalNTime2ᚕtimeᚐTimeᚄ(ctx context.Context, sel ast.SelectionSet, v []time.Time) graphql.Marshaler {
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNTime2timeᚐTime(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) unmarshalNTime2ᚖtimeᚐTime(ctx context.Context, v any) (*time.Time, error) {
 	res, err := graphql.UnmarshalTime(v)
 	return &res, graphql.ErrorOnPath(ctx, err)
@@ -13941,6 +16729,11 @@ func (ec *executionContext) marshalNTime2ᚖtimeᚐTime(ctx context.Context, sel
 		graphql.AddInvalidNullFromMarshaler(ctx, "Time!")
 	}
 	return res
+}
+
+func (ec *executionContext) unmarshalNUpdateScheduleInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐUpdateScheduleInput(ctx context.Context, v any) (model.UpdateScheduleInput, error) {
+	res, err := ec.unmarshalInputUpdateScheduleInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) unmarshalNUpdateWebhookEndpointInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐUpdateWebhookEndpointInput(ctx context.Context, v any) (model.UpdateWebhookEndpointInput, error) {
@@ -14480,6 +17273,45 @@ func (ec *executionContext) marshalORunStatus2ᚕgithubᚗcomᚋcomposerᚑdev�
 	}
 
 	return ret
+}
+
+func (ec *executionContext) marshalOSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx context.Context, sel ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Schedule(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalOScheduleFireOutcome2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOutcome(ctx context.Context, v any) (*schedules.Outcome, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(schedules.Outcome)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOScheduleFireOutcome2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOutcome(ctx context.Context, sel ast.SelectionSet, v *schedules.Outcome) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
+}
+
+func (ec *executionContext) unmarshalOScheduleOverlapPolicy2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx context.Context, v any) (*schedules.Overlap, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(schedules.Overlap)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOScheduleOverlapPolicy2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐOverlap(ctx context.Context, sel ast.SelectionSet, v *schedules.Overlap) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
 }
 
 func (ec *executionContext) unmarshalOString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {

@@ -42,6 +42,7 @@ type tenantWorld struct {
 	workflow, run, key       string // ids
 	waitingRun               string // a run parked on a signal
 	endpoint, delivery       string // a webhook endpoint and its test ping
+	schedule                 string // a (yearly) schedule of the workflow
 }
 
 const waitDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true}}]}`
@@ -79,6 +80,10 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 	var ping struct{ SendWebhookTestPing struct{ ID string } }
 	sys.GraphQL(w.owner, `mutation($e: ID!) { sendWebhookTestPing(endpointId: $e) { id } }`, map[string]any{"e": w.endpoint}).Decode(t, &ping)
 	w.delivery = ping.SendWebhookTestPing.ID
+	var sch struct{ CreateSchedule struct{ ID string } }
+	sys.GraphQL(w.owner, `mutation($w: ID!) { createSchedule(input: {workflowId: $w, cron: "0 0 1 1 *", externalId: "yearly"}) { id } }`,
+		map[string]any{"w": w.workflow}).Decode(t, &sch)
+	w.schedule = sch.CreateSchedule.ID
 	// A connected worker of the tenant (a poll with no free slot registers it).
 	_, err := sys.Server.Poller.Poll(context.Background(), taskpoll.Caller{Tenant: tenant, KeyID: "k"}, taskapi.PollRequest{
 		WorkerID: "worker-" + tenant.String(), PollID: "p1", Queues: []string{"default"}, Handlers: []string{"work"}, Capacity: 4, TTLMillis: 30_000})
@@ -140,7 +145,20 @@ var idCases = map[string]idCase{
 	"Mutation.sendWebhookTestPing.endpointId": {query: `mutation($id: ID!) { sendWebhookTestPing(endpointId: $id) { id } }`,
 		vars: endpointOf},
 	"Mutation.redeliverWebhook.deliveryId": {query: `mutation($id: ID!) { redeliverWebhook(deliveryId: $id) { id } }`, vars: deliveryOf},
+	"Query.schedule.id":                    {query: `query($id: ID!) { schedule(id: $id) { id nextFireTimes } }`, vars: scheduleOf},
+	"Query.schedules.workflowId": {query: `query($id: ID!) { schedules(workflowId: $id) { edges { node { id } } } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }, listEmpty: "schedules"},
+	"Mutation.updateSchedule.id": {query: `mutation($id: ID!) { updateSchedule(id: $id, input: {cron: "0 0 2 1 *"}) { id } }`, vars: scheduleOf},
+	"Mutation.pauseSchedule.id":  {query: `mutation($id: ID!) { pauseSchedule(id: $id) { id } }`, vars: scheduleOf},
+	"Mutation.resumeSchedule.id": {query: `mutation($id: ID!) { resumeSchedule(id: $id) { id } }`, vars: scheduleOf},
+	"Mutation.deleteSchedule.id": {query: `mutation($id: ID!) { deleteSchedule(id: $id) }`, vars: scheduleOf},
+	"Mutation.backfillSchedule.id": {query: `mutation($id: ID!) { backfillSchedule(id: $id, from: "2020-01-01T00:00:00Z", to: "2021-01-01T00:00:00Z") { runId } }`,
+		vars: scheduleOf},
+	"CreateScheduleInput.workflowId": {query: `mutation($id: ID!) { createSchedule(input: {workflowId: $id, cron: "0 0 1 1 *"}) { id } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 }
+
+func scheduleOf(a tenantWorld) map[string]any { return map[string]any{"id": a.schedule} }
 
 func endpointOf(a tenantWorld) map[string]any { return map[string]any{"id": a.endpoint} }
 func deliveryOf(a tenantWorld) map[string]any { return map[string]any{"id": a.delivery} }
@@ -241,11 +259,22 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	assert.Equal(t, "https://127.0.0.1:9/", eps.WebhookEndpoints[0].URL)
 	assert.True(t, eps.WebhookEndpoints[0].Enabled)
 	assert.Len(t, eps.WebhookEndpoints[0].Secrets, 1, "B rotated A's secret")
+	var sch struct {
+		Schedule struct {
+			Cron         string
+			Paused       bool
+			StartedCount int64
+		}
+	}
+	sys.GraphQL(a.owner, `query($id: ID!) { schedule(id: $id) { cron paused startedCount } }`, map[string]any{"id": a.schedule}).Decode(t, &sch)
+	assert.Equal(t, "0 0 1 1 *", sch.Schedule.Cron, "B changed, paused, backfilled or deleted A's schedule")
+	assert.False(t, sch.Schedule.Paused)
+	assert.Zero(t, sch.Schedule.StartedCount)
 	// B's lists contain nothing of A's.
 	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
-		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } workers { id } }`, nil)
+		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } workers { id } schedules { edges { node { id } } } }`, nil)
 	require.Empty(t, res.Errors)
-	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery} {
+	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery, a.schedule} {
 		assert.NotContains(t, string(res.Data), id)
 	}
 	var ws struct{ Workers []struct{ ID string } }

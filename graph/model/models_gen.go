@@ -12,6 +12,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/schedules"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/google/uuid"
@@ -27,6 +28,34 @@ type CreateAPIKeyPayload struct {
 	APIKey *auth.Key `json:"apiKey"`
 	// The key, shown this once.
 	Secret string `json:"secret"`
+}
+
+type CreateScheduleInput struct {
+	// The workflow, by id or by name.
+	WorkflowID   *uuid.UUID `json:"workflowId,omitempty"`
+	WorkflowName *string    `json:"workflowName,omitempty"`
+	// A version to start; by default each fire starts the latest.
+	WorkflowVersion *int `json:"workflowVersion,omitempty"`
+	// Five fields (minute hour day-of-month month day-of-week) or @yearly,
+	// @monthly, @weekly, @daily, @hourly, @every <duration>. A wall time the
+	// clocks skip fires once at the end of the gap; one they repeat fires once,
+	// at its first occurrence.
+	Cron *string `json:"cron,omitempty"`
+	// Instead of cron: fire every this many seconds (at multiples of it since the Unix epoch).
+	IntervalSeconds *int `json:"intervalSeconds,omitempty"`
+	// An IANA zone (America/New_York); UTC by default.
+	TimeZone *string `json:"timeZone,omitempty"`
+	// The runs' input (a JSON object, at most 64 KiB).
+	Input json.RawMessage `json:"input,omitempty"`
+	// Key/value strings given to every run it starts (like startRun's metadata).
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	// The tenant's own id for the schedule (one per customer); unique.
+	ExternalID  *string            `json:"externalId,omitempty"`
+	Description *string            `json:"description,omitempty"`
+	Overlap     *schedules.Overlap `json:"overlap,omitempty"`
+	// After downtime, fires older than this are not started (default 60, at most 366 days).
+	CatchupWindowSeconds *int  `json:"catchupWindowSeconds,omitempty"`
+	Paused               *bool `json:"paused,omitempty"`
 }
 
 type CreateWebhookEndpointInput struct {
@@ -126,6 +155,16 @@ type RunFilter struct {
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
+type ScheduleConnection struct {
+	Edges    []ScheduleEdge `json:"edges"`
+	PageInfo *PageInfo      `json:"pageInfo"`
+}
+
+type ScheduleEdge struct {
+	Cursor string              `json:"cursor"`
+	Node   *schedules.Schedule `json:"node"`
+}
+
 type SignalPayload struct {
 	Run *engine.RunView `json:"run"`
 	// True when the run did not take the signal (e.g. it had finished, or the signal id was seen).
@@ -156,6 +195,21 @@ type StartRunPayload struct {
 }
 
 type Subscription struct {
+}
+
+type UpdateScheduleInput struct {
+	WorkflowVersion *int `json:"workflowVersion,omitempty"`
+	// Setting cron clears the interval, and the other way round.
+	Cron            *string         `json:"cron,omitempty"`
+	IntervalSeconds *int            `json:"intervalSeconds,omitempty"`
+	TimeZone        *string         `json:"timeZone,omitempty"`
+	Input           json.RawMessage `json:"input,omitempty"`
+	Metadata        json.RawMessage `json:"metadata,omitempty"`
+	// An empty string clears it.
+	ExternalID           *string            `json:"externalId,omitempty"`
+	Description          *string            `json:"description,omitempty"`
+	Overlap              *schedules.Overlap `json:"overlap,omitempty"`
+	CatchupWindowSeconds *int               `json:"catchupWindowSeconds,omitempty"`
 }
 
 type UpdateWebhookEndpointInput struct {

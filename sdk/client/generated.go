@@ -10,6 +10,73 @@ import (
 	"github.com/Khan/genqlient/graphql"
 )
 
+type CreateScheduleInput struct {
+	// The workflow, by id or by name.
+	WorkflowId   *string `json:"workflowId,omitempty"`
+	WorkflowName *string `json:"workflowName,omitempty"`
+	// A version to start; by default each fire starts the latest.
+	WorkflowVersion *int `json:"workflowVersion,omitempty"`
+	// Five fields (minute hour day-of-month month day-of-week) or @yearly,
+	// @monthly, @weekly, @daily, @hourly, @every <duration>. A wall time the
+	// clocks skip fires once at the end of the gap; one they repeat fires once,
+	// at its first occurrence.
+	Cron *string `json:"cron,omitempty"`
+	// Instead of cron: fire every this many seconds (at multiples of it since the Unix epoch).
+	IntervalSeconds *int `json:"intervalSeconds,omitempty"`
+	// An IANA zone (America/New_York); UTC by default.
+	TimeZone *string `json:"timeZone,omitempty"`
+	// The runs' input (a JSON object, at most 64 KiB).
+	Input *json.RawMessage `json:"input,omitempty"`
+	// Key/value strings given to every run it starts (like startRun's metadata).
+	Metadata *json.RawMessage `json:"metadata,omitempty"`
+	// The tenant's own id for the schedule (one per customer); unique.
+	ExternalId  *string                `json:"externalId,omitempty"`
+	Description *string                `json:"description,omitempty"`
+	Overlap     *ScheduleOverlapPolicy `json:"overlap,omitempty"`
+	// After downtime, fires older than this are not started (default 60, at most 366 days).
+	CatchupWindowSeconds *int  `json:"catchupWindowSeconds,omitempty"`
+	Paused               *bool `json:"paused,omitempty"`
+}
+
+// GetWorkflowId returns CreateScheduleInput.WorkflowId, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetWorkflowId() *string { return v.WorkflowId }
+
+// GetWorkflowName returns CreateScheduleInput.WorkflowName, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetWorkflowName() *string { return v.WorkflowName }
+
+// GetWorkflowVersion returns CreateScheduleInput.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetWorkflowVersion() *int { return v.WorkflowVersion }
+
+// GetCron returns CreateScheduleInput.Cron, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetCron() *string { return v.Cron }
+
+// GetIntervalSeconds returns CreateScheduleInput.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetIntervalSeconds() *int { return v.IntervalSeconds }
+
+// GetTimeZone returns CreateScheduleInput.TimeZone, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetTimeZone() *string { return v.TimeZone }
+
+// GetInput returns CreateScheduleInput.Input, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetInput() *json.RawMessage { return v.Input }
+
+// GetMetadata returns CreateScheduleInput.Metadata, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetMetadata() *json.RawMessage { return v.Metadata }
+
+// GetExternalId returns CreateScheduleInput.ExternalId, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetExternalId() *string { return v.ExternalId }
+
+// GetDescription returns CreateScheduleInput.Description, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetDescription() *string { return v.Description }
+
+// GetOverlap returns CreateScheduleInput.Overlap, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetOverlap() *ScheduleOverlapPolicy { return v.Overlap }
+
+// GetCatchupWindowSeconds returns CreateScheduleInput.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetCatchupWindowSeconds() *int { return v.CatchupWindowSeconds }
+
+// GetPaused returns CreateScheduleInput.Paused, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetPaused() *bool { return v.Paused }
+
 type CreateWorkflowInput struct {
 	Name        string          `json:"name"`
 	Description *string         `json:"description,omitempty"`
@@ -159,6 +226,192 @@ var AllRunStatus = []RunStatus{
 	RunStatusCancelled,
 }
 
+// ScheduleFields includes the GraphQL fields of Schedule requested by the fragment ScheduleFields.
+type ScheduleFields struct {
+	Id         string `json:"id"`
+	WorkflowId string `json:"workflowId"`
+	// 0: each fire starts the workflow's latest version.
+	WorkflowVersion      int                   `json:"workflowVersion"`
+	Cron                 *string               `json:"cron"`
+	IntervalSeconds      *int                  `json:"intervalSeconds"`
+	TimeZone             string                `json:"timeZone"`
+	Input                json.RawMessage       `json:"input"`
+	Metadata             json.RawMessage       `json:"metadata"`
+	ExternalId           *string               `json:"externalId"`
+	Description          string                `json:"description"`
+	Overlap              ScheduleOverlapPolicy `json:"overlap"`
+	CatchupWindowSeconds int                   `json:"catchupWindowSeconds"`
+	Paused               bool                  `json:"paused"`
+	// The next fire not yet handled (null while paused).
+	NextFireAt *time.Time `json:"nextFireAt"`
+	// A BUFFER_ONE schedule's fire waiting for the running one.
+	BufferedFireAt *time.Time           `json:"bufferedFireAt"`
+	LastFireAt     *time.Time           `json:"lastFireAt"`
+	LastRunId      *string              `json:"lastRunId"`
+	LastOutcome    *ScheduleFireOutcome `json:"lastOutcome"`
+	LastError      *string              `json:"lastError"`
+	StartedCount   int64                `json:"startedCount"`
+	SkippedCount   int64                `json:"skippedCount"`
+	RefusedCount   int64                `json:"refusedCount"`
+	MissedCount    int64                `json:"missedCount"`
+	CreatedBy      string               `json:"createdBy"`
+	CreatedAt      time.Time            `json:"createdAt"`
+	UpdatedAt      time.Time            `json:"updatedAt"`
+}
+
+// GetId returns ScheduleFields.Id, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetId() string { return v.Id }
+
+// GetWorkflowId returns ScheduleFields.WorkflowId, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetWorkflowId() string { return v.WorkflowId }
+
+// GetWorkflowVersion returns ScheduleFields.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetWorkflowVersion() int { return v.WorkflowVersion }
+
+// GetCron returns ScheduleFields.Cron, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetCron() *string { return v.Cron }
+
+// GetIntervalSeconds returns ScheduleFields.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetIntervalSeconds() *int { return v.IntervalSeconds }
+
+// GetTimeZone returns ScheduleFields.TimeZone, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetTimeZone() string { return v.TimeZone }
+
+// GetInput returns ScheduleFields.Input, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetInput() json.RawMessage { return v.Input }
+
+// GetMetadata returns ScheduleFields.Metadata, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetMetadata() json.RawMessage { return v.Metadata }
+
+// GetExternalId returns ScheduleFields.ExternalId, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetExternalId() *string { return v.ExternalId }
+
+// GetDescription returns ScheduleFields.Description, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetDescription() string { return v.Description }
+
+// GetOverlap returns ScheduleFields.Overlap, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetOverlap() ScheduleOverlapPolicy { return v.Overlap }
+
+// GetCatchupWindowSeconds returns ScheduleFields.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetCatchupWindowSeconds() int { return v.CatchupWindowSeconds }
+
+// GetPaused returns ScheduleFields.Paused, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetPaused() bool { return v.Paused }
+
+// GetNextFireAt returns ScheduleFields.NextFireAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetNextFireAt() *time.Time { return v.NextFireAt }
+
+// GetBufferedFireAt returns ScheduleFields.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetBufferedFireAt() *time.Time { return v.BufferedFireAt }
+
+// GetLastFireAt returns ScheduleFields.LastFireAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetLastFireAt() *time.Time { return v.LastFireAt }
+
+// GetLastRunId returns ScheduleFields.LastRunId, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetLastRunId() *string { return v.LastRunId }
+
+// GetLastOutcome returns ScheduleFields.LastOutcome, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetLastOutcome() *ScheduleFireOutcome { return v.LastOutcome }
+
+// GetLastError returns ScheduleFields.LastError, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetLastError() *string { return v.LastError }
+
+// GetStartedCount returns ScheduleFields.StartedCount, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetStartedCount() int64 { return v.StartedCount }
+
+// GetSkippedCount returns ScheduleFields.SkippedCount, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetSkippedCount() int64 { return v.SkippedCount }
+
+// GetRefusedCount returns ScheduleFields.RefusedCount, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetRefusedCount() int64 { return v.RefusedCount }
+
+// GetMissedCount returns ScheduleFields.MissedCount, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetMissedCount() int64 { return v.MissedCount }
+
+// GetCreatedBy returns ScheduleFields.CreatedBy, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetCreatedBy() string { return v.CreatedBy }
+
+// GetCreatedAt returns ScheduleFields.CreatedAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetCreatedAt() time.Time { return v.CreatedAt }
+
+// GetUpdatedAt returns ScheduleFields.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetUpdatedAt() time.Time { return v.UpdatedAt }
+
+// ScheduleFireFields includes the GraphQL fields of ScheduleFire requested by the fragment ScheduleFireFields.
+type ScheduleFireFields struct {
+	FireAt       time.Time           `json:"fireAt"`
+	RunId        *string             `json:"runId"`
+	Outcome      ScheduleFireOutcome `json:"outcome"`
+	Backfill     bool                `json:"backfill"`
+	ErrorCode    *string             `json:"errorCode"`
+	ErrorMessage *string             `json:"errorMessage"`
+	RecordedAt   time.Time           `json:"recordedAt"`
+}
+
+// GetFireAt returns ScheduleFireFields.FireAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetFireAt() time.Time { return v.FireAt }
+
+// GetRunId returns ScheduleFireFields.RunId, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetRunId() *string { return v.RunId }
+
+// GetOutcome returns ScheduleFireFields.Outcome, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetOutcome() ScheduleFireOutcome { return v.Outcome }
+
+// GetBackfill returns ScheduleFireFields.Backfill, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetBackfill() bool { return v.Backfill }
+
+// GetErrorCode returns ScheduleFireFields.ErrorCode, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetErrorCode() *string { return v.ErrorCode }
+
+// GetErrorMessage returns ScheduleFireFields.ErrorMessage, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetErrorMessage() *string { return v.ErrorMessage }
+
+// GetRecordedAt returns ScheduleFireFields.RecordedAt, and is useful for accessing the field via an interface.
+func (v *ScheduleFireFields) GetRecordedAt() time.Time { return v.RecordedAt }
+
+type ScheduleFireOutcome string
+
+const (
+	ScheduleFireOutcomeStarted ScheduleFireOutcome = "STARTED"
+	// A run of the schedule was still going (SKIP, or BUFFER_ONE with a fire already buffered).
+	ScheduleFireOutcomeSkipped ScheduleFireOutcome = "SKIPPED"
+	// Waiting for the running one to end (BUFFER_ONE).
+	ScheduleFireOutcomeBuffered ScheduleFireOutcome = "BUFFERED"
+	// Admission refused the start (rate limit, queued-task limit, spend cap) or it could not start; not retried.
+	ScheduleFireOutcomeRefused ScheduleFireOutcome = "REFUSED"
+	// Older than the catch-up window when a server could fire it (counted, never listed).
+	ScheduleFireOutcomeMissed ScheduleFireOutcome = "MISSED"
+)
+
+var AllScheduleFireOutcome = []ScheduleFireOutcome{
+	ScheduleFireOutcomeStarted,
+	ScheduleFireOutcomeSkipped,
+	ScheduleFireOutcomeBuffered,
+	ScheduleFireOutcomeRefused,
+	ScheduleFireOutcomeMissed,
+}
+
+// What a fire does while runs of the schedule's earlier fires are still going.
+type ScheduleOverlapPolicy string
+
+const (
+	// Drop the fire (the default).
+	ScheduleOverlapPolicySkip ScheduleOverlapPolicy = "SKIP"
+	// Keep one fire and start it when the running one ends; later ones are dropped.
+	ScheduleOverlapPolicyBufferOne ScheduleOverlapPolicy = "BUFFER_ONE"
+	// Start every fire.
+	ScheduleOverlapPolicyAllowAll ScheduleOverlapPolicy = "ALLOW_ALL"
+	// Cancel the running runs, then start the fire.
+	ScheduleOverlapPolicyCancelPrevious ScheduleOverlapPolicy = "CANCEL_PREVIOUS"
+)
+
+var AllScheduleOverlapPolicy = []ScheduleOverlapPolicy{
+	ScheduleOverlapPolicySkip,
+	ScheduleOverlapPolicyBufferOne,
+	ScheduleOverlapPolicyAllowAll,
+	ScheduleOverlapPolicyCancelPrevious,
+}
+
 type StartRunInput struct {
 	// The workflow, by id or by name.
 	WorkflowId   *string `json:"workflowId,omitempty"`
@@ -215,6 +468,51 @@ var AllTaskState = []TaskState{
 	TaskStateCancelled,
 }
 
+type UpdateScheduleInput struct {
+	WorkflowVersion *int `json:"workflowVersion,omitempty"`
+	// Setting cron clears the interval, and the other way round.
+	Cron            *string          `json:"cron,omitempty"`
+	IntervalSeconds *int             `json:"intervalSeconds,omitempty"`
+	TimeZone        *string          `json:"timeZone,omitempty"`
+	Input           *json.RawMessage `json:"input,omitempty"`
+	Metadata        *json.RawMessage `json:"metadata,omitempty"`
+	// An empty string clears it.
+	ExternalId           *string                `json:"externalId,omitempty"`
+	Description          *string                `json:"description,omitempty"`
+	Overlap              *ScheduleOverlapPolicy `json:"overlap,omitempty"`
+	CatchupWindowSeconds *int                   `json:"catchupWindowSeconds,omitempty"`
+}
+
+// GetWorkflowVersion returns UpdateScheduleInput.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetWorkflowVersion() *int { return v.WorkflowVersion }
+
+// GetCron returns UpdateScheduleInput.Cron, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetCron() *string { return v.Cron }
+
+// GetIntervalSeconds returns UpdateScheduleInput.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetIntervalSeconds() *int { return v.IntervalSeconds }
+
+// GetTimeZone returns UpdateScheduleInput.TimeZone, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetTimeZone() *string { return v.TimeZone }
+
+// GetInput returns UpdateScheduleInput.Input, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetInput() *json.RawMessage { return v.Input }
+
+// GetMetadata returns UpdateScheduleInput.Metadata, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetMetadata() *json.RawMessage { return v.Metadata }
+
+// GetExternalId returns UpdateScheduleInput.ExternalId, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetExternalId() *string { return v.ExternalId }
+
+// GetDescription returns UpdateScheduleInput.Description, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetDescription() *string { return v.Description }
+
+// GetOverlap returns UpdateScheduleInput.Overlap, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetOverlap() *ScheduleOverlapPolicy { return v.Overlap }
+
+// GetCatchupWindowSeconds returns UpdateScheduleInput.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetCatchupWindowSeconds() *int { return v.CatchupWindowSeconds }
+
 // __approveInput is used internally by genqlient
 type __approveInput struct {
 	Id       string  `json:"id"`
@@ -239,6 +537,22 @@ func (v *__approveInput) GetComment() *string { return v.Comment }
 // GetSignalId returns __approveInput.SignalId, and is useful for accessing the field via an interface.
 func (v *__approveInput) GetSignalId() *string { return v.SignalId }
 
+// __backfillScheduleInput is used internally by genqlient
+type __backfillScheduleInput struct {
+	Id   string    `json:"id"`
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+}
+
+// GetId returns __backfillScheduleInput.Id, and is useful for accessing the field via an interface.
+func (v *__backfillScheduleInput) GetId() string { return v.Id }
+
+// GetFrom returns __backfillScheduleInput.From, and is useful for accessing the field via an interface.
+func (v *__backfillScheduleInput) GetFrom() time.Time { return v.From }
+
+// GetTo returns __backfillScheduleInput.To, and is useful for accessing the field via an interface.
+func (v *__backfillScheduleInput) GetTo() time.Time { return v.To }
+
 // __cancelRunInput is used internally by genqlient
 type __cancelRunInput struct {
 	Id     string  `json:"id"`
@@ -251,6 +565,14 @@ func (v *__cancelRunInput) GetId() string { return v.Id }
 // GetReason returns __cancelRunInput.Reason, and is useful for accessing the field via an interface.
 func (v *__cancelRunInput) GetReason() *string { return v.Reason }
 
+// __createScheduleInput is used internally by genqlient
+type __createScheduleInput struct {
+	Input CreateScheduleInput `json:"input"`
+}
+
+// GetInput returns __createScheduleInput.Input, and is useful for accessing the field via an interface.
+func (v *__createScheduleInput) GetInput() CreateScheduleInput { return v.Input }
+
 // __createWorkflowInput is used internally by genqlient
 type __createWorkflowInput struct {
 	Input CreateWorkflowInput `json:"input"`
@@ -259,6 +581,14 @@ type __createWorkflowInput struct {
 // GetInput returns __createWorkflowInput.Input, and is useful for accessing the field via an interface.
 func (v *__createWorkflowInput) GetInput() CreateWorkflowInput { return v.Input }
 
+// __deleteScheduleInput is used internally by genqlient
+type __deleteScheduleInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __deleteScheduleInput.Id, and is useful for accessing the field via an interface.
+func (v *__deleteScheduleInput) GetId() string { return v.Id }
+
 // __getRunInput is used internally by genqlient
 type __getRunInput struct {
 	Id string `json:"id"`
@@ -266,6 +596,46 @@ type __getRunInput struct {
 
 // GetId returns __getRunInput.Id, and is useful for accessing the field via an interface.
 func (v *__getRunInput) GetId() string { return v.Id }
+
+// __getScheduleInput is used internally by genqlient
+type __getScheduleInput struct {
+	Id    string `json:"id"`
+	Count int    `json:"count"`
+	Fires int    `json:"fires"`
+}
+
+// GetId returns __getScheduleInput.Id, and is useful for accessing the field via an interface.
+func (v *__getScheduleInput) GetId() string { return v.Id }
+
+// GetCount returns __getScheduleInput.Count, and is useful for accessing the field via an interface.
+func (v *__getScheduleInput) GetCount() int { return v.Count }
+
+// GetFires returns __getScheduleInput.Fires, and is useful for accessing the field via an interface.
+func (v *__getScheduleInput) GetFires() int { return v.Fires }
+
+// __listSchedulesInput is used internally by genqlient
+type __listSchedulesInput struct {
+	WorkflowId *string `json:"workflowId,omitempty"`
+	First      *int    `json:"first,omitempty"`
+	After      *string `json:"after,omitempty"`
+}
+
+// GetWorkflowId returns __listSchedulesInput.WorkflowId, and is useful for accessing the field via an interface.
+func (v *__listSchedulesInput) GetWorkflowId() *string { return v.WorkflowId }
+
+// GetFirst returns __listSchedulesInput.First, and is useful for accessing the field via an interface.
+func (v *__listSchedulesInput) GetFirst() *int { return v.First }
+
+// GetAfter returns __listSchedulesInput.After, and is useful for accessing the field via an interface.
+func (v *__listSchedulesInput) GetAfter() *string { return v.After }
+
+// __pauseScheduleInput is used internally by genqlient
+type __pauseScheduleInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __pauseScheduleInput.Id, and is useful for accessing the field via an interface.
+func (v *__pauseScheduleInput) GetId() string { return v.Id }
 
 // __publishWorkflowVersionInput is used internally by genqlient
 type __publishWorkflowVersionInput struct {
@@ -278,6 +648,14 @@ func (v *__publishWorkflowVersionInput) GetWorkflowId() string { return v.Workfl
 
 // GetDefinition returns __publishWorkflowVersionInput.Definition, and is useful for accessing the field via an interface.
 func (v *__publishWorkflowVersionInput) GetDefinition() json.RawMessage { return v.Definition }
+
+// __resumeScheduleInput is used internally by genqlient
+type __resumeScheduleInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __resumeScheduleInput.Id, and is useful for accessing the field via an interface.
+func (v *__resumeScheduleInput) GetId() string { return v.Id }
 
 // __runStatusInput is used internally by genqlient
 type __runStatusInput struct {
@@ -314,6 +692,18 @@ type __startRunInput struct {
 
 // GetInput returns __startRunInput.Input, and is useful for accessing the field via an interface.
 func (v *__startRunInput) GetInput() StartRunInput { return v.Input }
+
+// __updateScheduleInput is used internally by genqlient
+type __updateScheduleInput struct {
+	Id    string              `json:"id"`
+	Input UpdateScheduleInput `json:"input"`
+}
+
+// GetId returns __updateScheduleInput.Id, and is useful for accessing the field via an interface.
+func (v *__updateScheduleInput) GetId() string { return v.Id }
+
+// GetInput returns __updateScheduleInput.Input, and is useful for accessing the field via an interface.
+func (v *__updateScheduleInput) GetInput() UpdateScheduleInput { return v.Input }
 
 // approveApproveSignalPayload includes the requested fields of the GraphQL type SignalPayload.
 type approveApproveSignalPayload struct {
@@ -352,6 +742,122 @@ type approveResponse struct {
 
 // GetApprove returns approveResponse.Approve, and is useful for accessing the field via an interface.
 func (v *approveResponse) GetApprove() approveApproveSignalPayload { return v.Approve }
+
+// backfillScheduleBackfillScheduleScheduleFire includes the requested fields of the GraphQL type ScheduleFire.
+type backfillScheduleBackfillScheduleScheduleFire struct {
+	ScheduleFireFields `json:"-"`
+}
+
+// GetFireAt returns backfillScheduleBackfillScheduleScheduleFire.FireAt, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetFireAt() time.Time {
+	return v.ScheduleFireFields.FireAt
+}
+
+// GetRunId returns backfillScheduleBackfillScheduleScheduleFire.RunId, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetRunId() *string {
+	return v.ScheduleFireFields.RunId
+}
+
+// GetOutcome returns backfillScheduleBackfillScheduleScheduleFire.Outcome, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetOutcome() ScheduleFireOutcome {
+	return v.ScheduleFireFields.Outcome
+}
+
+// GetBackfill returns backfillScheduleBackfillScheduleScheduleFire.Backfill, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetBackfill() bool {
+	return v.ScheduleFireFields.Backfill
+}
+
+// GetErrorCode returns backfillScheduleBackfillScheduleScheduleFire.ErrorCode, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetErrorCode() *string {
+	return v.ScheduleFireFields.ErrorCode
+}
+
+// GetErrorMessage returns backfillScheduleBackfillScheduleScheduleFire.ErrorMessage, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetErrorMessage() *string {
+	return v.ScheduleFireFields.ErrorMessage
+}
+
+// GetRecordedAt returns backfillScheduleBackfillScheduleScheduleFire.RecordedAt, and is useful for accessing the field via an interface.
+func (v *backfillScheduleBackfillScheduleScheduleFire) GetRecordedAt() time.Time {
+	return v.ScheduleFireFields.RecordedAt
+}
+
+func (v *backfillScheduleBackfillScheduleScheduleFire) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*backfillScheduleBackfillScheduleScheduleFire
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.backfillScheduleBackfillScheduleScheduleFire = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFireFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalbackfillScheduleBackfillScheduleScheduleFire struct {
+	FireAt time.Time `json:"fireAt"`
+
+	RunId *string `json:"runId"`
+
+	Outcome ScheduleFireOutcome `json:"outcome"`
+
+	Backfill bool `json:"backfill"`
+
+	ErrorCode *string `json:"errorCode"`
+
+	ErrorMessage *string `json:"errorMessage"`
+
+	RecordedAt time.Time `json:"recordedAt"`
+}
+
+func (v *backfillScheduleBackfillScheduleScheduleFire) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *backfillScheduleBackfillScheduleScheduleFire) __premarshalJSON() (*__premarshalbackfillScheduleBackfillScheduleScheduleFire, error) {
+	var retval __premarshalbackfillScheduleBackfillScheduleScheduleFire
+
+	retval.FireAt = v.ScheduleFireFields.FireAt
+	retval.RunId = v.ScheduleFireFields.RunId
+	retval.Outcome = v.ScheduleFireFields.Outcome
+	retval.Backfill = v.ScheduleFireFields.Backfill
+	retval.ErrorCode = v.ScheduleFireFields.ErrorCode
+	retval.ErrorMessage = v.ScheduleFireFields.ErrorMessage
+	retval.RecordedAt = v.ScheduleFireFields.RecordedAt
+	return &retval, nil
+}
+
+// backfillScheduleResponse is returned by backfillSchedule on success.
+type backfillScheduleResponse struct {
+	// Starts the schedule's fire times in [from, to) as if they had fired then,
+	// whatever the overlap policy and the catch-up window: at most 100 fires
+	// (a range holding more is refused whole), none in the future. A time the
+	// schedule already fired is not started again.
+	BackfillSchedule []backfillScheduleBackfillScheduleScheduleFire `json:"backfillSchedule"`
+}
+
+// GetBackfillSchedule returns backfillScheduleResponse.BackfillSchedule, and is useful for accessing the field via an interface.
+func (v *backfillScheduleResponse) GetBackfillSchedule() []backfillScheduleBackfillScheduleScheduleFire {
+	return v.BackfillSchedule
+}
 
 // cancelRunCancelRun includes the requested fields of the GraphQL type Run.
 type cancelRunCancelRun struct {
@@ -480,6 +986,236 @@ type cancelRunResponse struct {
 // GetCancelRun returns cancelRunResponse.CancelRun, and is useful for accessing the field via an interface.
 func (v *cancelRunResponse) GetCancelRun() cancelRunCancelRun { return v.CancelRun }
 
+// createScheduleCreateSchedule includes the requested fields of the GraphQL type Schedule.
+type createScheduleCreateSchedule struct {
+	ScheduleFields `json:"-"`
+}
+
+// GetId returns createScheduleCreateSchedule.Id, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetId() string { return v.ScheduleFields.Id }
+
+// GetWorkflowId returns createScheduleCreateSchedule.WorkflowId, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetWorkflowId() string { return v.ScheduleFields.WorkflowId }
+
+// GetWorkflowVersion returns createScheduleCreateSchedule.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetWorkflowVersion() int {
+	return v.ScheduleFields.WorkflowVersion
+}
+
+// GetCron returns createScheduleCreateSchedule.Cron, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetCron() *string { return v.ScheduleFields.Cron }
+
+// GetIntervalSeconds returns createScheduleCreateSchedule.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetIntervalSeconds() *int {
+	return v.ScheduleFields.IntervalSeconds
+}
+
+// GetTimeZone returns createScheduleCreateSchedule.TimeZone, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetTimeZone() string { return v.ScheduleFields.TimeZone }
+
+// GetInput returns createScheduleCreateSchedule.Input, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetInput() json.RawMessage { return v.ScheduleFields.Input }
+
+// GetMetadata returns createScheduleCreateSchedule.Metadata, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetMetadata() json.RawMessage {
+	return v.ScheduleFields.Metadata
+}
+
+// GetExternalId returns createScheduleCreateSchedule.ExternalId, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetExternalId() *string { return v.ScheduleFields.ExternalId }
+
+// GetDescription returns createScheduleCreateSchedule.Description, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetDescription() string { return v.ScheduleFields.Description }
+
+// GetOverlap returns createScheduleCreateSchedule.Overlap, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetOverlap() ScheduleOverlapPolicy {
+	return v.ScheduleFields.Overlap
+}
+
+// GetCatchupWindowSeconds returns createScheduleCreateSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetCatchupWindowSeconds() int {
+	return v.ScheduleFields.CatchupWindowSeconds
+}
+
+// GetPaused returns createScheduleCreateSchedule.Paused, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetPaused() bool { return v.ScheduleFields.Paused }
+
+// GetNextFireAt returns createScheduleCreateSchedule.NextFireAt, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetNextFireAt() *time.Time { return v.ScheduleFields.NextFireAt }
+
+// GetBufferedFireAt returns createScheduleCreateSchedule.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetBufferedFireAt() *time.Time {
+	return v.ScheduleFields.BufferedFireAt
+}
+
+// GetLastFireAt returns createScheduleCreateSchedule.LastFireAt, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetLastFireAt() *time.Time { return v.ScheduleFields.LastFireAt }
+
+// GetLastRunId returns createScheduleCreateSchedule.LastRunId, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetLastRunId() *string { return v.ScheduleFields.LastRunId }
+
+// GetLastOutcome returns createScheduleCreateSchedule.LastOutcome, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetLastOutcome() *ScheduleFireOutcome {
+	return v.ScheduleFields.LastOutcome
+}
+
+// GetLastError returns createScheduleCreateSchedule.LastError, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetLastError() *string { return v.ScheduleFields.LastError }
+
+// GetStartedCount returns createScheduleCreateSchedule.StartedCount, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetStartedCount() int64 { return v.ScheduleFields.StartedCount }
+
+// GetSkippedCount returns createScheduleCreateSchedule.SkippedCount, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetSkippedCount() int64 { return v.ScheduleFields.SkippedCount }
+
+// GetRefusedCount returns createScheduleCreateSchedule.RefusedCount, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetRefusedCount() int64 { return v.ScheduleFields.RefusedCount }
+
+// GetMissedCount returns createScheduleCreateSchedule.MissedCount, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetMissedCount() int64 { return v.ScheduleFields.MissedCount }
+
+// GetCreatedBy returns createScheduleCreateSchedule.CreatedBy, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetCreatedBy() string { return v.ScheduleFields.CreatedBy }
+
+// GetCreatedAt returns createScheduleCreateSchedule.CreatedAt, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetCreatedAt() time.Time { return v.ScheduleFields.CreatedAt }
+
+// GetUpdatedAt returns createScheduleCreateSchedule.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetUpdatedAt() time.Time { return v.ScheduleFields.UpdatedAt }
+
+func (v *createScheduleCreateSchedule) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*createScheduleCreateSchedule
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.createScheduleCreateSchedule = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalcreateScheduleCreateSchedule struct {
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Cron *string `json:"cron"`
+
+	IntervalSeconds *int `json:"intervalSeconds"`
+
+	TimeZone string `json:"timeZone"`
+
+	Input json.RawMessage `json:"input"`
+
+	Metadata json.RawMessage `json:"metadata"`
+
+	ExternalId *string `json:"externalId"`
+
+	Description string `json:"description"`
+
+	Overlap ScheduleOverlapPolicy `json:"overlap"`
+
+	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
+
+	Paused bool `json:"paused"`
+
+	NextFireAt *time.Time `json:"nextFireAt"`
+
+	BufferedFireAt *time.Time `json:"bufferedFireAt"`
+
+	LastFireAt *time.Time `json:"lastFireAt"`
+
+	LastRunId *string `json:"lastRunId"`
+
+	LastOutcome *ScheduleFireOutcome `json:"lastOutcome"`
+
+	LastError *string `json:"lastError"`
+
+	StartedCount int64 `json:"startedCount"`
+
+	SkippedCount int64 `json:"skippedCount"`
+
+	RefusedCount int64 `json:"refusedCount"`
+
+	MissedCount int64 `json:"missedCount"`
+
+	CreatedBy string `json:"createdBy"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *createScheduleCreateSchedule) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *createScheduleCreateSchedule) __premarshalJSON() (*__premarshalcreateScheduleCreateSchedule, error) {
+	var retval __premarshalcreateScheduleCreateSchedule
+
+	retval.Id = v.ScheduleFields.Id
+	retval.WorkflowId = v.ScheduleFields.WorkflowId
+	retval.WorkflowVersion = v.ScheduleFields.WorkflowVersion
+	retval.Cron = v.ScheduleFields.Cron
+	retval.IntervalSeconds = v.ScheduleFields.IntervalSeconds
+	retval.TimeZone = v.ScheduleFields.TimeZone
+	retval.Input = v.ScheduleFields.Input
+	retval.Metadata = v.ScheduleFields.Metadata
+	retval.ExternalId = v.ScheduleFields.ExternalId
+	retval.Description = v.ScheduleFields.Description
+	retval.Overlap = v.ScheduleFields.Overlap
+	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
+	retval.Paused = v.ScheduleFields.Paused
+	retval.NextFireAt = v.ScheduleFields.NextFireAt
+	retval.BufferedFireAt = v.ScheduleFields.BufferedFireAt
+	retval.LastFireAt = v.ScheduleFields.LastFireAt
+	retval.LastRunId = v.ScheduleFields.LastRunId
+	retval.LastOutcome = v.ScheduleFields.LastOutcome
+	retval.LastError = v.ScheduleFields.LastError
+	retval.StartedCount = v.ScheduleFields.StartedCount
+	retval.SkippedCount = v.ScheduleFields.SkippedCount
+	retval.RefusedCount = v.ScheduleFields.RefusedCount
+	retval.MissedCount = v.ScheduleFields.MissedCount
+	retval.CreatedBy = v.ScheduleFields.CreatedBy
+	retval.CreatedAt = v.ScheduleFields.CreatedAt
+	retval.UpdatedAt = v.ScheduleFields.UpdatedAt
+	return &retval, nil
+}
+
+// createScheduleResponse is returned by createSchedule on success.
+type createScheduleResponse struct {
+	// Adds a schedule that starts runs of a workflow: a cron expression read in
+	// an IANA time zone, or an interval. Each fire is an idempotent start (one
+	// run per schedule and fire time, whatever the number of servers), admitted
+	// like any start. Needs workflows:write and runs:write.
+	CreateSchedule createScheduleCreateSchedule `json:"createSchedule"`
+}
+
+// GetCreateSchedule returns createScheduleResponse.CreateSchedule, and is useful for accessing the field via an interface.
+func (v *createScheduleResponse) GetCreateSchedule() createScheduleCreateSchedule {
+	return v.CreateSchedule
+}
+
 // createWorkflowCreateWorkflowCreateWorkflowPayload includes the requested fields of the GraphQL type CreateWorkflowPayload.
 type createWorkflowCreateWorkflowCreateWorkflowPayload struct {
 	Workflow createWorkflowCreateWorkflowCreateWorkflowPayloadWorkflow               `json:"workflow"`
@@ -534,6 +1270,15 @@ type createWorkflowResponse struct {
 func (v *createWorkflowResponse) GetCreateWorkflow() createWorkflowCreateWorkflowCreateWorkflowPayload {
 	return v.CreateWorkflow
 }
+
+// deleteScheduleResponse is returned by deleteSchedule on success.
+type deleteScheduleResponse struct {
+	// Deletes a schedule and its fire history; the runs it started stay.
+	DeleteSchedule string `json:"deleteSchedule"`
+}
+
+// GetDeleteSchedule returns deleteScheduleResponse.DeleteSchedule, and is useful for accessing the field via an interface.
+func (v *deleteScheduleResponse) GetDeleteSchedule() string { return v.DeleteSchedule }
 
 // getRunResponse is returned by getRun on success.
 type getRunResponse struct {
@@ -662,6 +1407,870 @@ func (v *getRunRun) __premarshalJSON() (*__premarshalgetRunRun, error) {
 	return &retval, nil
 }
 
+// getScheduleResponse is returned by getSchedule on success.
+type getScheduleResponse struct {
+	// One schedule. Needs workflows:read.
+	Schedule *getScheduleSchedule `json:"schedule"`
+}
+
+// GetSchedule returns getScheduleResponse.Schedule, and is useful for accessing the field via an interface.
+func (v *getScheduleResponse) GetSchedule() *getScheduleSchedule { return v.Schedule }
+
+// getScheduleSchedule includes the requested fields of the GraphQL type Schedule.
+type getScheduleSchedule struct {
+	ScheduleFields `json:"-"`
+	// The next fire times (at most 100); empty while paused.
+	NextFireTimes []time.Time `json:"nextFireTimes"`
+	// The latest fires, newest first (the last 100 are kept).
+	RecentFires []getScheduleScheduleRecentFiresScheduleFire `json:"recentFires"`
+}
+
+// GetNextFireTimes returns getScheduleSchedule.NextFireTimes, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetNextFireTimes() []time.Time { return v.NextFireTimes }
+
+// GetRecentFires returns getScheduleSchedule.RecentFires, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetRecentFires() []getScheduleScheduleRecentFiresScheduleFire {
+	return v.RecentFires
+}
+
+// GetId returns getScheduleSchedule.Id, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetId() string { return v.ScheduleFields.Id }
+
+// GetWorkflowId returns getScheduleSchedule.WorkflowId, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetWorkflowId() string { return v.ScheduleFields.WorkflowId }
+
+// GetWorkflowVersion returns getScheduleSchedule.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetWorkflowVersion() int { return v.ScheduleFields.WorkflowVersion }
+
+// GetCron returns getScheduleSchedule.Cron, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetCron() *string { return v.ScheduleFields.Cron }
+
+// GetIntervalSeconds returns getScheduleSchedule.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetIntervalSeconds() *int { return v.ScheduleFields.IntervalSeconds }
+
+// GetTimeZone returns getScheduleSchedule.TimeZone, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetTimeZone() string { return v.ScheduleFields.TimeZone }
+
+// GetInput returns getScheduleSchedule.Input, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetInput() json.RawMessage { return v.ScheduleFields.Input }
+
+// GetMetadata returns getScheduleSchedule.Metadata, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetMetadata() json.RawMessage { return v.ScheduleFields.Metadata }
+
+// GetExternalId returns getScheduleSchedule.ExternalId, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetExternalId() *string { return v.ScheduleFields.ExternalId }
+
+// GetDescription returns getScheduleSchedule.Description, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetDescription() string { return v.ScheduleFields.Description }
+
+// GetOverlap returns getScheduleSchedule.Overlap, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetOverlap() ScheduleOverlapPolicy { return v.ScheduleFields.Overlap }
+
+// GetCatchupWindowSeconds returns getScheduleSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetCatchupWindowSeconds() int {
+	return v.ScheduleFields.CatchupWindowSeconds
+}
+
+// GetPaused returns getScheduleSchedule.Paused, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetPaused() bool { return v.ScheduleFields.Paused }
+
+// GetNextFireAt returns getScheduleSchedule.NextFireAt, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetNextFireAt() *time.Time { return v.ScheduleFields.NextFireAt }
+
+// GetBufferedFireAt returns getScheduleSchedule.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetBufferedFireAt() *time.Time { return v.ScheduleFields.BufferedFireAt }
+
+// GetLastFireAt returns getScheduleSchedule.LastFireAt, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetLastFireAt() *time.Time { return v.ScheduleFields.LastFireAt }
+
+// GetLastRunId returns getScheduleSchedule.LastRunId, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetLastRunId() *string { return v.ScheduleFields.LastRunId }
+
+// GetLastOutcome returns getScheduleSchedule.LastOutcome, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetLastOutcome() *ScheduleFireOutcome {
+	return v.ScheduleFields.LastOutcome
+}
+
+// GetLastError returns getScheduleSchedule.LastError, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetLastError() *string { return v.ScheduleFields.LastError }
+
+// GetStartedCount returns getScheduleSchedule.StartedCount, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetStartedCount() int64 { return v.ScheduleFields.StartedCount }
+
+// GetSkippedCount returns getScheduleSchedule.SkippedCount, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetSkippedCount() int64 { return v.ScheduleFields.SkippedCount }
+
+// GetRefusedCount returns getScheduleSchedule.RefusedCount, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetRefusedCount() int64 { return v.ScheduleFields.RefusedCount }
+
+// GetMissedCount returns getScheduleSchedule.MissedCount, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetMissedCount() int64 { return v.ScheduleFields.MissedCount }
+
+// GetCreatedBy returns getScheduleSchedule.CreatedBy, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetCreatedBy() string { return v.ScheduleFields.CreatedBy }
+
+// GetCreatedAt returns getScheduleSchedule.CreatedAt, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetCreatedAt() time.Time { return v.ScheduleFields.CreatedAt }
+
+// GetUpdatedAt returns getScheduleSchedule.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetUpdatedAt() time.Time { return v.ScheduleFields.UpdatedAt }
+
+func (v *getScheduleSchedule) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*getScheduleSchedule
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.getScheduleSchedule = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalgetScheduleSchedule struct {
+	NextFireTimes []time.Time `json:"nextFireTimes"`
+
+	RecentFires []getScheduleScheduleRecentFiresScheduleFire `json:"recentFires"`
+
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Cron *string `json:"cron"`
+
+	IntervalSeconds *int `json:"intervalSeconds"`
+
+	TimeZone string `json:"timeZone"`
+
+	Input json.RawMessage `json:"input"`
+
+	Metadata json.RawMessage `json:"metadata"`
+
+	ExternalId *string `json:"externalId"`
+
+	Description string `json:"description"`
+
+	Overlap ScheduleOverlapPolicy `json:"overlap"`
+
+	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
+
+	Paused bool `json:"paused"`
+
+	NextFireAt *time.Time `json:"nextFireAt"`
+
+	BufferedFireAt *time.Time `json:"bufferedFireAt"`
+
+	LastFireAt *time.Time `json:"lastFireAt"`
+
+	LastRunId *string `json:"lastRunId"`
+
+	LastOutcome *ScheduleFireOutcome `json:"lastOutcome"`
+
+	LastError *string `json:"lastError"`
+
+	StartedCount int64 `json:"startedCount"`
+
+	SkippedCount int64 `json:"skippedCount"`
+
+	RefusedCount int64 `json:"refusedCount"`
+
+	MissedCount int64 `json:"missedCount"`
+
+	CreatedBy string `json:"createdBy"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *getScheduleSchedule) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *getScheduleSchedule) __premarshalJSON() (*__premarshalgetScheduleSchedule, error) {
+	var retval __premarshalgetScheduleSchedule
+
+	retval.NextFireTimes = v.NextFireTimes
+	retval.RecentFires = v.RecentFires
+	retval.Id = v.ScheduleFields.Id
+	retval.WorkflowId = v.ScheduleFields.WorkflowId
+	retval.WorkflowVersion = v.ScheduleFields.WorkflowVersion
+	retval.Cron = v.ScheduleFields.Cron
+	retval.IntervalSeconds = v.ScheduleFields.IntervalSeconds
+	retval.TimeZone = v.ScheduleFields.TimeZone
+	retval.Input = v.ScheduleFields.Input
+	retval.Metadata = v.ScheduleFields.Metadata
+	retval.ExternalId = v.ScheduleFields.ExternalId
+	retval.Description = v.ScheduleFields.Description
+	retval.Overlap = v.ScheduleFields.Overlap
+	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
+	retval.Paused = v.ScheduleFields.Paused
+	retval.NextFireAt = v.ScheduleFields.NextFireAt
+	retval.BufferedFireAt = v.ScheduleFields.BufferedFireAt
+	retval.LastFireAt = v.ScheduleFields.LastFireAt
+	retval.LastRunId = v.ScheduleFields.LastRunId
+	retval.LastOutcome = v.ScheduleFields.LastOutcome
+	retval.LastError = v.ScheduleFields.LastError
+	retval.StartedCount = v.ScheduleFields.StartedCount
+	retval.SkippedCount = v.ScheduleFields.SkippedCount
+	retval.RefusedCount = v.ScheduleFields.RefusedCount
+	retval.MissedCount = v.ScheduleFields.MissedCount
+	retval.CreatedBy = v.ScheduleFields.CreatedBy
+	retval.CreatedAt = v.ScheduleFields.CreatedAt
+	retval.UpdatedAt = v.ScheduleFields.UpdatedAt
+	return &retval, nil
+}
+
+// getScheduleScheduleRecentFiresScheduleFire includes the requested fields of the GraphQL type ScheduleFire.
+type getScheduleScheduleRecentFiresScheduleFire struct {
+	ScheduleFireFields `json:"-"`
+}
+
+// GetFireAt returns getScheduleScheduleRecentFiresScheduleFire.FireAt, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetFireAt() time.Time {
+	return v.ScheduleFireFields.FireAt
+}
+
+// GetRunId returns getScheduleScheduleRecentFiresScheduleFire.RunId, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetRunId() *string {
+	return v.ScheduleFireFields.RunId
+}
+
+// GetOutcome returns getScheduleScheduleRecentFiresScheduleFire.Outcome, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetOutcome() ScheduleFireOutcome {
+	return v.ScheduleFireFields.Outcome
+}
+
+// GetBackfill returns getScheduleScheduleRecentFiresScheduleFire.Backfill, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetBackfill() bool {
+	return v.ScheduleFireFields.Backfill
+}
+
+// GetErrorCode returns getScheduleScheduleRecentFiresScheduleFire.ErrorCode, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetErrorCode() *string {
+	return v.ScheduleFireFields.ErrorCode
+}
+
+// GetErrorMessage returns getScheduleScheduleRecentFiresScheduleFire.ErrorMessage, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetErrorMessage() *string {
+	return v.ScheduleFireFields.ErrorMessage
+}
+
+// GetRecordedAt returns getScheduleScheduleRecentFiresScheduleFire.RecordedAt, and is useful for accessing the field via an interface.
+func (v *getScheduleScheduleRecentFiresScheduleFire) GetRecordedAt() time.Time {
+	return v.ScheduleFireFields.RecordedAt
+}
+
+func (v *getScheduleScheduleRecentFiresScheduleFire) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*getScheduleScheduleRecentFiresScheduleFire
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.getScheduleScheduleRecentFiresScheduleFire = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFireFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalgetScheduleScheduleRecentFiresScheduleFire struct {
+	FireAt time.Time `json:"fireAt"`
+
+	RunId *string `json:"runId"`
+
+	Outcome ScheduleFireOutcome `json:"outcome"`
+
+	Backfill bool `json:"backfill"`
+
+	ErrorCode *string `json:"errorCode"`
+
+	ErrorMessage *string `json:"errorMessage"`
+
+	RecordedAt time.Time `json:"recordedAt"`
+}
+
+func (v *getScheduleScheduleRecentFiresScheduleFire) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *getScheduleScheduleRecentFiresScheduleFire) __premarshalJSON() (*__premarshalgetScheduleScheduleRecentFiresScheduleFire, error) {
+	var retval __premarshalgetScheduleScheduleRecentFiresScheduleFire
+
+	retval.FireAt = v.ScheduleFireFields.FireAt
+	retval.RunId = v.ScheduleFireFields.RunId
+	retval.Outcome = v.ScheduleFireFields.Outcome
+	retval.Backfill = v.ScheduleFireFields.Backfill
+	retval.ErrorCode = v.ScheduleFireFields.ErrorCode
+	retval.ErrorMessage = v.ScheduleFireFields.ErrorMessage
+	retval.RecordedAt = v.ScheduleFireFields.RecordedAt
+	return &retval, nil
+}
+
+// listSchedulesResponse is returned by listSchedules on success.
+type listSchedulesResponse struct {
+	// The tenant's schedules in creation order, optionally of one workflow.
+	// Needs workflows:read.
+	Schedules listSchedulesSchedulesScheduleConnection `json:"schedules"`
+}
+
+// GetSchedules returns listSchedulesResponse.Schedules, and is useful for accessing the field via an interface.
+func (v *listSchedulesResponse) GetSchedules() listSchedulesSchedulesScheduleConnection {
+	return v.Schedules
+}
+
+// listSchedulesSchedulesScheduleConnection includes the requested fields of the GraphQL type ScheduleConnection.
+type listSchedulesSchedulesScheduleConnection struct {
+	Edges    []listSchedulesSchedulesScheduleConnectionEdgesScheduleEdge `json:"edges"`
+	PageInfo listSchedulesSchedulesScheduleConnectionPageInfo            `json:"pageInfo"`
+}
+
+// GetEdges returns listSchedulesSchedulesScheduleConnection.Edges, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnection) GetEdges() []listSchedulesSchedulesScheduleConnectionEdgesScheduleEdge {
+	return v.Edges
+}
+
+// GetPageInfo returns listSchedulesSchedulesScheduleConnection.PageInfo, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnection) GetPageInfo() listSchedulesSchedulesScheduleConnectionPageInfo {
+	return v.PageInfo
+}
+
+// listSchedulesSchedulesScheduleConnectionEdgesScheduleEdge includes the requested fields of the GraphQL type ScheduleEdge.
+type listSchedulesSchedulesScheduleConnectionEdgesScheduleEdge struct {
+	Node listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule `json:"node"`
+}
+
+// GetNode returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdge.Node, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdge) GetNode() listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule {
+	return v.Node
+}
+
+// listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule includes the requested fields of the GraphQL type Schedule.
+type listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule struct {
+	ScheduleFields `json:"-"`
+}
+
+// GetId returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Id, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetId() string {
+	return v.ScheduleFields.Id
+}
+
+// GetWorkflowId returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.WorkflowId, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetWorkflowId() string {
+	return v.ScheduleFields.WorkflowId
+}
+
+// GetWorkflowVersion returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetWorkflowVersion() int {
+	return v.ScheduleFields.WorkflowVersion
+}
+
+// GetCron returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Cron, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetCron() *string {
+	return v.ScheduleFields.Cron
+}
+
+// GetIntervalSeconds returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetIntervalSeconds() *int {
+	return v.ScheduleFields.IntervalSeconds
+}
+
+// GetTimeZone returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.TimeZone, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetTimeZone() string {
+	return v.ScheduleFields.TimeZone
+}
+
+// GetInput returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Input, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetInput() json.RawMessage {
+	return v.ScheduleFields.Input
+}
+
+// GetMetadata returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Metadata, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetMetadata() json.RawMessage {
+	return v.ScheduleFields.Metadata
+}
+
+// GetExternalId returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.ExternalId, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetExternalId() *string {
+	return v.ScheduleFields.ExternalId
+}
+
+// GetDescription returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Description, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetDescription() string {
+	return v.ScheduleFields.Description
+}
+
+// GetOverlap returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Overlap, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetOverlap() ScheduleOverlapPolicy {
+	return v.ScheduleFields.Overlap
+}
+
+// GetCatchupWindowSeconds returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetCatchupWindowSeconds() int {
+	return v.ScheduleFields.CatchupWindowSeconds
+}
+
+// GetPaused returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Paused, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetPaused() bool {
+	return v.ScheduleFields.Paused
+}
+
+// GetNextFireAt returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.NextFireAt, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetNextFireAt() *time.Time {
+	return v.ScheduleFields.NextFireAt
+}
+
+// GetBufferedFireAt returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetBufferedFireAt() *time.Time {
+	return v.ScheduleFields.BufferedFireAt
+}
+
+// GetLastFireAt returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.LastFireAt, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetLastFireAt() *time.Time {
+	return v.ScheduleFields.LastFireAt
+}
+
+// GetLastRunId returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.LastRunId, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetLastRunId() *string {
+	return v.ScheduleFields.LastRunId
+}
+
+// GetLastOutcome returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.LastOutcome, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetLastOutcome() *ScheduleFireOutcome {
+	return v.ScheduleFields.LastOutcome
+}
+
+// GetLastError returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.LastError, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetLastError() *string {
+	return v.ScheduleFields.LastError
+}
+
+// GetStartedCount returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.StartedCount, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetStartedCount() int64 {
+	return v.ScheduleFields.StartedCount
+}
+
+// GetSkippedCount returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.SkippedCount, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetSkippedCount() int64 {
+	return v.ScheduleFields.SkippedCount
+}
+
+// GetRefusedCount returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.RefusedCount, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetRefusedCount() int64 {
+	return v.ScheduleFields.RefusedCount
+}
+
+// GetMissedCount returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.MissedCount, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetMissedCount() int64 {
+	return v.ScheduleFields.MissedCount
+}
+
+// GetCreatedBy returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.CreatedBy, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetCreatedBy() string {
+	return v.ScheduleFields.CreatedBy
+}
+
+// GetCreatedAt returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.CreatedAt, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetCreatedAt() time.Time {
+	return v.ScheduleFields.CreatedAt
+}
+
+// GetUpdatedAt returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetUpdatedAt() time.Time {
+	return v.ScheduleFields.UpdatedAt
+}
+
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshallistSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule struct {
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Cron *string `json:"cron"`
+
+	IntervalSeconds *int `json:"intervalSeconds"`
+
+	TimeZone string `json:"timeZone"`
+
+	Input json.RawMessage `json:"input"`
+
+	Metadata json.RawMessage `json:"metadata"`
+
+	ExternalId *string `json:"externalId"`
+
+	Description string `json:"description"`
+
+	Overlap ScheduleOverlapPolicy `json:"overlap"`
+
+	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
+
+	Paused bool `json:"paused"`
+
+	NextFireAt *time.Time `json:"nextFireAt"`
+
+	BufferedFireAt *time.Time `json:"bufferedFireAt"`
+
+	LastFireAt *time.Time `json:"lastFireAt"`
+
+	LastRunId *string `json:"lastRunId"`
+
+	LastOutcome *ScheduleFireOutcome `json:"lastOutcome"`
+
+	LastError *string `json:"lastError"`
+
+	StartedCount int64 `json:"startedCount"`
+
+	SkippedCount int64 `json:"skippedCount"`
+
+	RefusedCount int64 `json:"refusedCount"`
+
+	MissedCount int64 `json:"missedCount"`
+
+	CreatedBy string `json:"createdBy"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) __premarshalJSON() (*__premarshallistSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule, error) {
+	var retval __premarshallistSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule
+
+	retval.Id = v.ScheduleFields.Id
+	retval.WorkflowId = v.ScheduleFields.WorkflowId
+	retval.WorkflowVersion = v.ScheduleFields.WorkflowVersion
+	retval.Cron = v.ScheduleFields.Cron
+	retval.IntervalSeconds = v.ScheduleFields.IntervalSeconds
+	retval.TimeZone = v.ScheduleFields.TimeZone
+	retval.Input = v.ScheduleFields.Input
+	retval.Metadata = v.ScheduleFields.Metadata
+	retval.ExternalId = v.ScheduleFields.ExternalId
+	retval.Description = v.ScheduleFields.Description
+	retval.Overlap = v.ScheduleFields.Overlap
+	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
+	retval.Paused = v.ScheduleFields.Paused
+	retval.NextFireAt = v.ScheduleFields.NextFireAt
+	retval.BufferedFireAt = v.ScheduleFields.BufferedFireAt
+	retval.LastFireAt = v.ScheduleFields.LastFireAt
+	retval.LastRunId = v.ScheduleFields.LastRunId
+	retval.LastOutcome = v.ScheduleFields.LastOutcome
+	retval.LastError = v.ScheduleFields.LastError
+	retval.StartedCount = v.ScheduleFields.StartedCount
+	retval.SkippedCount = v.ScheduleFields.SkippedCount
+	retval.RefusedCount = v.ScheduleFields.RefusedCount
+	retval.MissedCount = v.ScheduleFields.MissedCount
+	retval.CreatedBy = v.ScheduleFields.CreatedBy
+	retval.CreatedAt = v.ScheduleFields.CreatedAt
+	retval.UpdatedAt = v.ScheduleFields.UpdatedAt
+	return &retval, nil
+}
+
+// listSchedulesSchedulesScheduleConnectionPageInfo includes the requested fields of the GraphQL type PageInfo.
+type listSchedulesSchedulesScheduleConnectionPageInfo struct {
+	HasNextPage bool    `json:"hasNextPage"`
+	EndCursor   *string `json:"endCursor"`
+}
+
+// GetHasNextPage returns listSchedulesSchedulesScheduleConnectionPageInfo.HasNextPage, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionPageInfo) GetHasNextPage() bool {
+	return v.HasNextPage
+}
+
+// GetEndCursor returns listSchedulesSchedulesScheduleConnectionPageInfo.EndCursor, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionPageInfo) GetEndCursor() *string { return v.EndCursor }
+
+// pauseSchedulePauseSchedule includes the requested fields of the GraphQL type Schedule.
+type pauseSchedulePauseSchedule struct {
+	ScheduleFields `json:"-"`
+}
+
+// GetId returns pauseSchedulePauseSchedule.Id, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetId() string { return v.ScheduleFields.Id }
+
+// GetWorkflowId returns pauseSchedulePauseSchedule.WorkflowId, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetWorkflowId() string { return v.ScheduleFields.WorkflowId }
+
+// GetWorkflowVersion returns pauseSchedulePauseSchedule.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetWorkflowVersion() int {
+	return v.ScheduleFields.WorkflowVersion
+}
+
+// GetCron returns pauseSchedulePauseSchedule.Cron, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetCron() *string { return v.ScheduleFields.Cron }
+
+// GetIntervalSeconds returns pauseSchedulePauseSchedule.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetIntervalSeconds() *int {
+	return v.ScheduleFields.IntervalSeconds
+}
+
+// GetTimeZone returns pauseSchedulePauseSchedule.TimeZone, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetTimeZone() string { return v.ScheduleFields.TimeZone }
+
+// GetInput returns pauseSchedulePauseSchedule.Input, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetInput() json.RawMessage { return v.ScheduleFields.Input }
+
+// GetMetadata returns pauseSchedulePauseSchedule.Metadata, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetMetadata() json.RawMessage { return v.ScheduleFields.Metadata }
+
+// GetExternalId returns pauseSchedulePauseSchedule.ExternalId, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetExternalId() *string { return v.ScheduleFields.ExternalId }
+
+// GetDescription returns pauseSchedulePauseSchedule.Description, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetDescription() string { return v.ScheduleFields.Description }
+
+// GetOverlap returns pauseSchedulePauseSchedule.Overlap, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetOverlap() ScheduleOverlapPolicy {
+	return v.ScheduleFields.Overlap
+}
+
+// GetCatchupWindowSeconds returns pauseSchedulePauseSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetCatchupWindowSeconds() int {
+	return v.ScheduleFields.CatchupWindowSeconds
+}
+
+// GetPaused returns pauseSchedulePauseSchedule.Paused, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetPaused() bool { return v.ScheduleFields.Paused }
+
+// GetNextFireAt returns pauseSchedulePauseSchedule.NextFireAt, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetNextFireAt() *time.Time { return v.ScheduleFields.NextFireAt }
+
+// GetBufferedFireAt returns pauseSchedulePauseSchedule.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetBufferedFireAt() *time.Time {
+	return v.ScheduleFields.BufferedFireAt
+}
+
+// GetLastFireAt returns pauseSchedulePauseSchedule.LastFireAt, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetLastFireAt() *time.Time { return v.ScheduleFields.LastFireAt }
+
+// GetLastRunId returns pauseSchedulePauseSchedule.LastRunId, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetLastRunId() *string { return v.ScheduleFields.LastRunId }
+
+// GetLastOutcome returns pauseSchedulePauseSchedule.LastOutcome, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetLastOutcome() *ScheduleFireOutcome {
+	return v.ScheduleFields.LastOutcome
+}
+
+// GetLastError returns pauseSchedulePauseSchedule.LastError, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetLastError() *string { return v.ScheduleFields.LastError }
+
+// GetStartedCount returns pauseSchedulePauseSchedule.StartedCount, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetStartedCount() int64 { return v.ScheduleFields.StartedCount }
+
+// GetSkippedCount returns pauseSchedulePauseSchedule.SkippedCount, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetSkippedCount() int64 { return v.ScheduleFields.SkippedCount }
+
+// GetRefusedCount returns pauseSchedulePauseSchedule.RefusedCount, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetRefusedCount() int64 { return v.ScheduleFields.RefusedCount }
+
+// GetMissedCount returns pauseSchedulePauseSchedule.MissedCount, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetMissedCount() int64 { return v.ScheduleFields.MissedCount }
+
+// GetCreatedBy returns pauseSchedulePauseSchedule.CreatedBy, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetCreatedBy() string { return v.ScheduleFields.CreatedBy }
+
+// GetCreatedAt returns pauseSchedulePauseSchedule.CreatedAt, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetCreatedAt() time.Time { return v.ScheduleFields.CreatedAt }
+
+// GetUpdatedAt returns pauseSchedulePauseSchedule.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetUpdatedAt() time.Time { return v.ScheduleFields.UpdatedAt }
+
+func (v *pauseSchedulePauseSchedule) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*pauseSchedulePauseSchedule
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.pauseSchedulePauseSchedule = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalpauseSchedulePauseSchedule struct {
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Cron *string `json:"cron"`
+
+	IntervalSeconds *int `json:"intervalSeconds"`
+
+	TimeZone string `json:"timeZone"`
+
+	Input json.RawMessage `json:"input"`
+
+	Metadata json.RawMessage `json:"metadata"`
+
+	ExternalId *string `json:"externalId"`
+
+	Description string `json:"description"`
+
+	Overlap ScheduleOverlapPolicy `json:"overlap"`
+
+	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
+
+	Paused bool `json:"paused"`
+
+	NextFireAt *time.Time `json:"nextFireAt"`
+
+	BufferedFireAt *time.Time `json:"bufferedFireAt"`
+
+	LastFireAt *time.Time `json:"lastFireAt"`
+
+	LastRunId *string `json:"lastRunId"`
+
+	LastOutcome *ScheduleFireOutcome `json:"lastOutcome"`
+
+	LastError *string `json:"lastError"`
+
+	StartedCount int64 `json:"startedCount"`
+
+	SkippedCount int64 `json:"skippedCount"`
+
+	RefusedCount int64 `json:"refusedCount"`
+
+	MissedCount int64 `json:"missedCount"`
+
+	CreatedBy string `json:"createdBy"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *pauseSchedulePauseSchedule) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *pauseSchedulePauseSchedule) __premarshalJSON() (*__premarshalpauseSchedulePauseSchedule, error) {
+	var retval __premarshalpauseSchedulePauseSchedule
+
+	retval.Id = v.ScheduleFields.Id
+	retval.WorkflowId = v.ScheduleFields.WorkflowId
+	retval.WorkflowVersion = v.ScheduleFields.WorkflowVersion
+	retval.Cron = v.ScheduleFields.Cron
+	retval.IntervalSeconds = v.ScheduleFields.IntervalSeconds
+	retval.TimeZone = v.ScheduleFields.TimeZone
+	retval.Input = v.ScheduleFields.Input
+	retval.Metadata = v.ScheduleFields.Metadata
+	retval.ExternalId = v.ScheduleFields.ExternalId
+	retval.Description = v.ScheduleFields.Description
+	retval.Overlap = v.ScheduleFields.Overlap
+	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
+	retval.Paused = v.ScheduleFields.Paused
+	retval.NextFireAt = v.ScheduleFields.NextFireAt
+	retval.BufferedFireAt = v.ScheduleFields.BufferedFireAt
+	retval.LastFireAt = v.ScheduleFields.LastFireAt
+	retval.LastRunId = v.ScheduleFields.LastRunId
+	retval.LastOutcome = v.ScheduleFields.LastOutcome
+	retval.LastError = v.ScheduleFields.LastError
+	retval.StartedCount = v.ScheduleFields.StartedCount
+	retval.SkippedCount = v.ScheduleFields.SkippedCount
+	retval.RefusedCount = v.ScheduleFields.RefusedCount
+	retval.MissedCount = v.ScheduleFields.MissedCount
+	retval.CreatedBy = v.ScheduleFields.CreatedBy
+	retval.CreatedAt = v.ScheduleFields.CreatedAt
+	retval.UpdatedAt = v.ScheduleFields.UpdatedAt
+	return &retval, nil
+}
+
+// pauseScheduleResponse is returned by pauseSchedule on success.
+type pauseScheduleResponse struct {
+	// Stops a schedule's fires (a buffered fire is dropped).
+	PauseSchedule pauseSchedulePauseSchedule `json:"pauseSchedule"`
+}
+
+// GetPauseSchedule returns pauseScheduleResponse.PauseSchedule, and is useful for accessing the field via an interface.
+func (v *pauseScheduleResponse) GetPauseSchedule() pauseSchedulePauseSchedule { return v.PauseSchedule }
+
 // publishWorkflowVersionPublishWorkflowVersion includes the requested fields of the GraphQL type WorkflowVersion.
 type publishWorkflowVersionPublishWorkflowVersion struct {
 	WorkflowId string `json:"workflowId"`
@@ -683,6 +2292,233 @@ type publishWorkflowVersionResponse struct {
 // GetPublishWorkflowVersion returns publishWorkflowVersionResponse.PublishWorkflowVersion, and is useful for accessing the field via an interface.
 func (v *publishWorkflowVersionResponse) GetPublishWorkflowVersion() publishWorkflowVersionPublishWorkflowVersion {
 	return v.PublishWorkflowVersion
+}
+
+// resumeScheduleResponse is returned by resumeSchedule on success.
+type resumeScheduleResponse struct {
+	// Fires a paused schedule again from its first fire after now; fires while paused are not made up.
+	ResumeSchedule resumeScheduleResumeSchedule `json:"resumeSchedule"`
+}
+
+// GetResumeSchedule returns resumeScheduleResponse.ResumeSchedule, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResponse) GetResumeSchedule() resumeScheduleResumeSchedule {
+	return v.ResumeSchedule
+}
+
+// resumeScheduleResumeSchedule includes the requested fields of the GraphQL type Schedule.
+type resumeScheduleResumeSchedule struct {
+	ScheduleFields `json:"-"`
+}
+
+// GetId returns resumeScheduleResumeSchedule.Id, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetId() string { return v.ScheduleFields.Id }
+
+// GetWorkflowId returns resumeScheduleResumeSchedule.WorkflowId, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetWorkflowId() string { return v.ScheduleFields.WorkflowId }
+
+// GetWorkflowVersion returns resumeScheduleResumeSchedule.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetWorkflowVersion() int {
+	return v.ScheduleFields.WorkflowVersion
+}
+
+// GetCron returns resumeScheduleResumeSchedule.Cron, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetCron() *string { return v.ScheduleFields.Cron }
+
+// GetIntervalSeconds returns resumeScheduleResumeSchedule.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetIntervalSeconds() *int {
+	return v.ScheduleFields.IntervalSeconds
+}
+
+// GetTimeZone returns resumeScheduleResumeSchedule.TimeZone, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetTimeZone() string { return v.ScheduleFields.TimeZone }
+
+// GetInput returns resumeScheduleResumeSchedule.Input, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetInput() json.RawMessage { return v.ScheduleFields.Input }
+
+// GetMetadata returns resumeScheduleResumeSchedule.Metadata, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetMetadata() json.RawMessage {
+	return v.ScheduleFields.Metadata
+}
+
+// GetExternalId returns resumeScheduleResumeSchedule.ExternalId, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetExternalId() *string { return v.ScheduleFields.ExternalId }
+
+// GetDescription returns resumeScheduleResumeSchedule.Description, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetDescription() string { return v.ScheduleFields.Description }
+
+// GetOverlap returns resumeScheduleResumeSchedule.Overlap, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetOverlap() ScheduleOverlapPolicy {
+	return v.ScheduleFields.Overlap
+}
+
+// GetCatchupWindowSeconds returns resumeScheduleResumeSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetCatchupWindowSeconds() int {
+	return v.ScheduleFields.CatchupWindowSeconds
+}
+
+// GetPaused returns resumeScheduleResumeSchedule.Paused, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetPaused() bool { return v.ScheduleFields.Paused }
+
+// GetNextFireAt returns resumeScheduleResumeSchedule.NextFireAt, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetNextFireAt() *time.Time { return v.ScheduleFields.NextFireAt }
+
+// GetBufferedFireAt returns resumeScheduleResumeSchedule.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetBufferedFireAt() *time.Time {
+	return v.ScheduleFields.BufferedFireAt
+}
+
+// GetLastFireAt returns resumeScheduleResumeSchedule.LastFireAt, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetLastFireAt() *time.Time { return v.ScheduleFields.LastFireAt }
+
+// GetLastRunId returns resumeScheduleResumeSchedule.LastRunId, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetLastRunId() *string { return v.ScheduleFields.LastRunId }
+
+// GetLastOutcome returns resumeScheduleResumeSchedule.LastOutcome, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetLastOutcome() *ScheduleFireOutcome {
+	return v.ScheduleFields.LastOutcome
+}
+
+// GetLastError returns resumeScheduleResumeSchedule.LastError, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetLastError() *string { return v.ScheduleFields.LastError }
+
+// GetStartedCount returns resumeScheduleResumeSchedule.StartedCount, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetStartedCount() int64 { return v.ScheduleFields.StartedCount }
+
+// GetSkippedCount returns resumeScheduleResumeSchedule.SkippedCount, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetSkippedCount() int64 { return v.ScheduleFields.SkippedCount }
+
+// GetRefusedCount returns resumeScheduleResumeSchedule.RefusedCount, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetRefusedCount() int64 { return v.ScheduleFields.RefusedCount }
+
+// GetMissedCount returns resumeScheduleResumeSchedule.MissedCount, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetMissedCount() int64 { return v.ScheduleFields.MissedCount }
+
+// GetCreatedBy returns resumeScheduleResumeSchedule.CreatedBy, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetCreatedBy() string { return v.ScheduleFields.CreatedBy }
+
+// GetCreatedAt returns resumeScheduleResumeSchedule.CreatedAt, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetCreatedAt() time.Time { return v.ScheduleFields.CreatedAt }
+
+// GetUpdatedAt returns resumeScheduleResumeSchedule.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetUpdatedAt() time.Time { return v.ScheduleFields.UpdatedAt }
+
+func (v *resumeScheduleResumeSchedule) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*resumeScheduleResumeSchedule
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.resumeScheduleResumeSchedule = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalresumeScheduleResumeSchedule struct {
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Cron *string `json:"cron"`
+
+	IntervalSeconds *int `json:"intervalSeconds"`
+
+	TimeZone string `json:"timeZone"`
+
+	Input json.RawMessage `json:"input"`
+
+	Metadata json.RawMessage `json:"metadata"`
+
+	ExternalId *string `json:"externalId"`
+
+	Description string `json:"description"`
+
+	Overlap ScheduleOverlapPolicy `json:"overlap"`
+
+	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
+
+	Paused bool `json:"paused"`
+
+	NextFireAt *time.Time `json:"nextFireAt"`
+
+	BufferedFireAt *time.Time `json:"bufferedFireAt"`
+
+	LastFireAt *time.Time `json:"lastFireAt"`
+
+	LastRunId *string `json:"lastRunId"`
+
+	LastOutcome *ScheduleFireOutcome `json:"lastOutcome"`
+
+	LastError *string `json:"lastError"`
+
+	StartedCount int64 `json:"startedCount"`
+
+	SkippedCount int64 `json:"skippedCount"`
+
+	RefusedCount int64 `json:"refusedCount"`
+
+	MissedCount int64 `json:"missedCount"`
+
+	CreatedBy string `json:"createdBy"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *resumeScheduleResumeSchedule) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *resumeScheduleResumeSchedule) __premarshalJSON() (*__premarshalresumeScheduleResumeSchedule, error) {
+	var retval __premarshalresumeScheduleResumeSchedule
+
+	retval.Id = v.ScheduleFields.Id
+	retval.WorkflowId = v.ScheduleFields.WorkflowId
+	retval.WorkflowVersion = v.ScheduleFields.WorkflowVersion
+	retval.Cron = v.ScheduleFields.Cron
+	retval.IntervalSeconds = v.ScheduleFields.IntervalSeconds
+	retval.TimeZone = v.ScheduleFields.TimeZone
+	retval.Input = v.ScheduleFields.Input
+	retval.Metadata = v.ScheduleFields.Metadata
+	retval.ExternalId = v.ScheduleFields.ExternalId
+	retval.Description = v.ScheduleFields.Description
+	retval.Overlap = v.ScheduleFields.Overlap
+	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
+	retval.Paused = v.ScheduleFields.Paused
+	retval.NextFireAt = v.ScheduleFields.NextFireAt
+	retval.BufferedFireAt = v.ScheduleFields.BufferedFireAt
+	retval.LastFireAt = v.ScheduleFields.LastFireAt
+	retval.LastRunId = v.ScheduleFields.LastRunId
+	retval.LastOutcome = v.ScheduleFields.LastOutcome
+	retval.LastError = v.ScheduleFields.LastError
+	retval.StartedCount = v.ScheduleFields.StartedCount
+	retval.SkippedCount = v.ScheduleFields.SkippedCount
+	retval.RefusedCount = v.ScheduleFields.RefusedCount
+	retval.MissedCount = v.ScheduleFields.MissedCount
+	retval.CreatedBy = v.ScheduleFields.CreatedBy
+	retval.CreatedAt = v.ScheduleFields.CreatedAt
+	retval.UpdatedAt = v.ScheduleFields.UpdatedAt
+	return &retval, nil
 }
 
 // runStatusResponse is returned by runStatus on success.
@@ -894,6 +2730,233 @@ func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalst
 	return &retval, nil
 }
 
+// updateScheduleResponse is returned by updateSchedule on success.
+type updateScheduleResponse struct {
+	// Changes a schedule; a new timing takes effect from its first fire after now.
+	UpdateSchedule updateScheduleUpdateSchedule `json:"updateSchedule"`
+}
+
+// GetUpdateSchedule returns updateScheduleResponse.UpdateSchedule, and is useful for accessing the field via an interface.
+func (v *updateScheduleResponse) GetUpdateSchedule() updateScheduleUpdateSchedule {
+	return v.UpdateSchedule
+}
+
+// updateScheduleUpdateSchedule includes the requested fields of the GraphQL type Schedule.
+type updateScheduleUpdateSchedule struct {
+	ScheduleFields `json:"-"`
+}
+
+// GetId returns updateScheduleUpdateSchedule.Id, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetId() string { return v.ScheduleFields.Id }
+
+// GetWorkflowId returns updateScheduleUpdateSchedule.WorkflowId, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetWorkflowId() string { return v.ScheduleFields.WorkflowId }
+
+// GetWorkflowVersion returns updateScheduleUpdateSchedule.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetWorkflowVersion() int {
+	return v.ScheduleFields.WorkflowVersion
+}
+
+// GetCron returns updateScheduleUpdateSchedule.Cron, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetCron() *string { return v.ScheduleFields.Cron }
+
+// GetIntervalSeconds returns updateScheduleUpdateSchedule.IntervalSeconds, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetIntervalSeconds() *int {
+	return v.ScheduleFields.IntervalSeconds
+}
+
+// GetTimeZone returns updateScheduleUpdateSchedule.TimeZone, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetTimeZone() string { return v.ScheduleFields.TimeZone }
+
+// GetInput returns updateScheduleUpdateSchedule.Input, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetInput() json.RawMessage { return v.ScheduleFields.Input }
+
+// GetMetadata returns updateScheduleUpdateSchedule.Metadata, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetMetadata() json.RawMessage {
+	return v.ScheduleFields.Metadata
+}
+
+// GetExternalId returns updateScheduleUpdateSchedule.ExternalId, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetExternalId() *string { return v.ScheduleFields.ExternalId }
+
+// GetDescription returns updateScheduleUpdateSchedule.Description, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetDescription() string { return v.ScheduleFields.Description }
+
+// GetOverlap returns updateScheduleUpdateSchedule.Overlap, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetOverlap() ScheduleOverlapPolicy {
+	return v.ScheduleFields.Overlap
+}
+
+// GetCatchupWindowSeconds returns updateScheduleUpdateSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetCatchupWindowSeconds() int {
+	return v.ScheduleFields.CatchupWindowSeconds
+}
+
+// GetPaused returns updateScheduleUpdateSchedule.Paused, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetPaused() bool { return v.ScheduleFields.Paused }
+
+// GetNextFireAt returns updateScheduleUpdateSchedule.NextFireAt, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetNextFireAt() *time.Time { return v.ScheduleFields.NextFireAt }
+
+// GetBufferedFireAt returns updateScheduleUpdateSchedule.BufferedFireAt, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetBufferedFireAt() *time.Time {
+	return v.ScheduleFields.BufferedFireAt
+}
+
+// GetLastFireAt returns updateScheduleUpdateSchedule.LastFireAt, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetLastFireAt() *time.Time { return v.ScheduleFields.LastFireAt }
+
+// GetLastRunId returns updateScheduleUpdateSchedule.LastRunId, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetLastRunId() *string { return v.ScheduleFields.LastRunId }
+
+// GetLastOutcome returns updateScheduleUpdateSchedule.LastOutcome, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetLastOutcome() *ScheduleFireOutcome {
+	return v.ScheduleFields.LastOutcome
+}
+
+// GetLastError returns updateScheduleUpdateSchedule.LastError, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetLastError() *string { return v.ScheduleFields.LastError }
+
+// GetStartedCount returns updateScheduleUpdateSchedule.StartedCount, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetStartedCount() int64 { return v.ScheduleFields.StartedCount }
+
+// GetSkippedCount returns updateScheduleUpdateSchedule.SkippedCount, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetSkippedCount() int64 { return v.ScheduleFields.SkippedCount }
+
+// GetRefusedCount returns updateScheduleUpdateSchedule.RefusedCount, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetRefusedCount() int64 { return v.ScheduleFields.RefusedCount }
+
+// GetMissedCount returns updateScheduleUpdateSchedule.MissedCount, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetMissedCount() int64 { return v.ScheduleFields.MissedCount }
+
+// GetCreatedBy returns updateScheduleUpdateSchedule.CreatedBy, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetCreatedBy() string { return v.ScheduleFields.CreatedBy }
+
+// GetCreatedAt returns updateScheduleUpdateSchedule.CreatedAt, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetCreatedAt() time.Time { return v.ScheduleFields.CreatedAt }
+
+// GetUpdatedAt returns updateScheduleUpdateSchedule.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetUpdatedAt() time.Time { return v.ScheduleFields.UpdatedAt }
+
+func (v *updateScheduleUpdateSchedule) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*updateScheduleUpdateSchedule
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.updateScheduleUpdateSchedule = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.ScheduleFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalupdateScheduleUpdateSchedule struct {
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Cron *string `json:"cron"`
+
+	IntervalSeconds *int `json:"intervalSeconds"`
+
+	TimeZone string `json:"timeZone"`
+
+	Input json.RawMessage `json:"input"`
+
+	Metadata json.RawMessage `json:"metadata"`
+
+	ExternalId *string `json:"externalId"`
+
+	Description string `json:"description"`
+
+	Overlap ScheduleOverlapPolicy `json:"overlap"`
+
+	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
+
+	Paused bool `json:"paused"`
+
+	NextFireAt *time.Time `json:"nextFireAt"`
+
+	BufferedFireAt *time.Time `json:"bufferedFireAt"`
+
+	LastFireAt *time.Time `json:"lastFireAt"`
+
+	LastRunId *string `json:"lastRunId"`
+
+	LastOutcome *ScheduleFireOutcome `json:"lastOutcome"`
+
+	LastError *string `json:"lastError"`
+
+	StartedCount int64 `json:"startedCount"`
+
+	SkippedCount int64 `json:"skippedCount"`
+
+	RefusedCount int64 `json:"refusedCount"`
+
+	MissedCount int64 `json:"missedCount"`
+
+	CreatedBy string `json:"createdBy"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *updateScheduleUpdateSchedule) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *updateScheduleUpdateSchedule) __premarshalJSON() (*__premarshalupdateScheduleUpdateSchedule, error) {
+	var retval __premarshalupdateScheduleUpdateSchedule
+
+	retval.Id = v.ScheduleFields.Id
+	retval.WorkflowId = v.ScheduleFields.WorkflowId
+	retval.WorkflowVersion = v.ScheduleFields.WorkflowVersion
+	retval.Cron = v.ScheduleFields.Cron
+	retval.IntervalSeconds = v.ScheduleFields.IntervalSeconds
+	retval.TimeZone = v.ScheduleFields.TimeZone
+	retval.Input = v.ScheduleFields.Input
+	retval.Metadata = v.ScheduleFields.Metadata
+	retval.ExternalId = v.ScheduleFields.ExternalId
+	retval.Description = v.ScheduleFields.Description
+	retval.Overlap = v.ScheduleFields.Overlap
+	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
+	retval.Paused = v.ScheduleFields.Paused
+	retval.NextFireAt = v.ScheduleFields.NextFireAt
+	retval.BufferedFireAt = v.ScheduleFields.BufferedFireAt
+	retval.LastFireAt = v.ScheduleFields.LastFireAt
+	retval.LastRunId = v.ScheduleFields.LastRunId
+	retval.LastOutcome = v.ScheduleFields.LastOutcome
+	retval.LastError = v.ScheduleFields.LastError
+	retval.StartedCount = v.ScheduleFields.StartedCount
+	retval.SkippedCount = v.ScheduleFields.SkippedCount
+	retval.RefusedCount = v.ScheduleFields.RefusedCount
+	retval.MissedCount = v.ScheduleFields.MissedCount
+	retval.CreatedBy = v.ScheduleFields.CreatedBy
+	retval.CreatedAt = v.ScheduleFields.CreatedAt
+	retval.UpdatedAt = v.ScheduleFields.UpdatedAt
+	return &retval, nil
+}
+
 // workersResponse is returned by workers on success.
 type workersResponse struct {
 	// The tenant's own workers connected now: programs using the SDK with an
@@ -1005,6 +3068,53 @@ func approve(
 	return data_, err_
 }
 
+// The mutation executed by backfillSchedule.
+const backfillSchedule_Operation = `
+mutation backfillSchedule ($id: ID!, $from: Time!, $to: Time!) {
+	backfillSchedule(id: $id, from: $from, to: $to) {
+		... ScheduleFireFields
+	}
+}
+fragment ScheduleFireFields on ScheduleFire {
+	fireAt
+	runId
+	outcome
+	backfill
+	errorCode
+	errorMessage
+	recordedAt
+}
+`
+
+func backfillSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+	from time.Time,
+	to time.Time,
+) (data_ *backfillScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "backfillSchedule",
+		Query:  backfillSchedule_Operation,
+		Variables: &__backfillScheduleInput{
+			Id:   id,
+			From: from,
+			To:   to,
+		},
+	}
+
+	data_ = &backfillScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by cancelRun.
 const cancelRun_Operation = `
 mutation cancelRun ($id: ID!, $reason: String) {
@@ -1071,6 +3181,68 @@ func cancelRun(
 	return data_, err_
 }
 
+// The mutation executed by createSchedule.
+const createSchedule_Operation = `
+mutation createSchedule ($input: CreateScheduleInput!) {
+	createSchedule(input: $input) {
+		... ScheduleFields
+	}
+}
+fragment ScheduleFields on Schedule {
+	id
+	workflowId
+	workflowVersion
+	cron
+	intervalSeconds
+	timeZone
+	input
+	metadata
+	externalId
+	description
+	overlap
+	catchupWindowSeconds
+	paused
+	nextFireAt
+	bufferedFireAt
+	lastFireAt
+	lastRunId
+	lastOutcome
+	lastError
+	startedCount
+	skippedCount
+	refusedCount
+	missedCount
+	createdBy
+	createdAt
+	updatedAt
+}
+`
+
+func createSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	input CreateScheduleInput,
+) (data_ *createScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "createSchedule",
+		Query:  createSchedule_Operation,
+		Variables: &__createScheduleInput{
+			Input: input,
+		},
+	}
+
+	data_ = &createScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by createWorkflow.
 const createWorkflow_Operation = `
 mutation createWorkflow ($input: CreateWorkflowInput!) {
@@ -1101,6 +3273,38 @@ func createWorkflow(
 	}
 
 	data_ = &createWorkflowResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by deleteSchedule.
+const deleteSchedule_Operation = `
+mutation deleteSchedule ($id: ID!) {
+	deleteSchedule(id: $id)
+}
+`
+
+func deleteSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *deleteScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "deleteSchedule",
+		Query:  deleteSchedule_Operation,
+		Variables: &__deleteScheduleInput{
+			Id: id,
+		},
+	}
+
+	data_ = &deleteScheduleResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
@@ -1176,6 +3380,221 @@ func getRun(
 	return data_, err_
 }
 
+// The query executed by getSchedule.
+const getSchedule_Operation = `
+query getSchedule ($id: ID!, $count: Int!, $fires: Int!) {
+	schedule(id: $id) {
+		... ScheduleFields
+		nextFireTimes(count: $count)
+		recentFires(first: $fires) {
+			... ScheduleFireFields
+		}
+	}
+}
+fragment ScheduleFields on Schedule {
+	id
+	workflowId
+	workflowVersion
+	cron
+	intervalSeconds
+	timeZone
+	input
+	metadata
+	externalId
+	description
+	overlap
+	catchupWindowSeconds
+	paused
+	nextFireAt
+	bufferedFireAt
+	lastFireAt
+	lastRunId
+	lastOutcome
+	lastError
+	startedCount
+	skippedCount
+	refusedCount
+	missedCount
+	createdBy
+	createdAt
+	updatedAt
+}
+fragment ScheduleFireFields on ScheduleFire {
+	fireAt
+	runId
+	outcome
+	backfill
+	errorCode
+	errorMessage
+	recordedAt
+}
+`
+
+func getSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+	count int,
+	fires int,
+) (data_ *getScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "getSchedule",
+		Query:  getSchedule_Operation,
+		Variables: &__getScheduleInput{
+			Id:    id,
+			Count: count,
+			Fires: fires,
+		},
+	}
+
+	data_ = &getScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The query executed by listSchedules.
+const listSchedules_Operation = `
+query listSchedules ($workflowId: ID, $first: Int, $after: String) {
+	schedules(workflowId: $workflowId, first: $first, after: $after) {
+		edges {
+			node {
+				... ScheduleFields
+			}
+		}
+		pageInfo {
+			hasNextPage
+			endCursor
+		}
+	}
+}
+fragment ScheduleFields on Schedule {
+	id
+	workflowId
+	workflowVersion
+	cron
+	intervalSeconds
+	timeZone
+	input
+	metadata
+	externalId
+	description
+	overlap
+	catchupWindowSeconds
+	paused
+	nextFireAt
+	bufferedFireAt
+	lastFireAt
+	lastRunId
+	lastOutcome
+	lastError
+	startedCount
+	skippedCount
+	refusedCount
+	missedCount
+	createdBy
+	createdAt
+	updatedAt
+}
+`
+
+func listSchedules(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	workflowId *string,
+	first *int,
+	after *string,
+) (data_ *listSchedulesResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "listSchedules",
+		Query:  listSchedules_Operation,
+		Variables: &__listSchedulesInput{
+			WorkflowId: workflowId,
+			First:      first,
+			After:      after,
+		},
+	}
+
+	data_ = &listSchedulesResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by pauseSchedule.
+const pauseSchedule_Operation = `
+mutation pauseSchedule ($id: ID!) {
+	pauseSchedule(id: $id) {
+		... ScheduleFields
+	}
+}
+fragment ScheduleFields on Schedule {
+	id
+	workflowId
+	workflowVersion
+	cron
+	intervalSeconds
+	timeZone
+	input
+	metadata
+	externalId
+	description
+	overlap
+	catchupWindowSeconds
+	paused
+	nextFireAt
+	bufferedFireAt
+	lastFireAt
+	lastRunId
+	lastOutcome
+	lastError
+	startedCount
+	skippedCount
+	refusedCount
+	missedCount
+	createdBy
+	createdAt
+	updatedAt
+}
+`
+
+func pauseSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *pauseScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "pauseSchedule",
+		Query:  pauseSchedule_Operation,
+		Variables: &__pauseScheduleInput{
+			Id: id,
+		},
+	}
+
+	data_ = &pauseScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by publishWorkflowVersion.
 const publishWorkflowVersion_Operation = `
 mutation publishWorkflowVersion ($workflowId: ID!, $definition: JSON!) {
@@ -1202,6 +3621,68 @@ func publishWorkflowVersion(
 	}
 
 	data_ = &publishWorkflowVersionResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by resumeSchedule.
+const resumeSchedule_Operation = `
+mutation resumeSchedule ($id: ID!) {
+	resumeSchedule(id: $id) {
+		... ScheduleFields
+	}
+}
+fragment ScheduleFields on Schedule {
+	id
+	workflowId
+	workflowVersion
+	cron
+	intervalSeconds
+	timeZone
+	input
+	metadata
+	externalId
+	description
+	overlap
+	catchupWindowSeconds
+	paused
+	nextFireAt
+	bufferedFireAt
+	lastFireAt
+	lastRunId
+	lastOutcome
+	lastError
+	startedCount
+	skippedCount
+	refusedCount
+	missedCount
+	createdBy
+	createdAt
+	updatedAt
+}
+`
+
+func resumeSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *resumeScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "resumeSchedule",
+		Query:  resumeSchedule_Operation,
+		Variables: &__resumeScheduleInput{
+			Id: id,
+		},
+	}
+
+	data_ = &resumeScheduleResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
@@ -1349,6 +3830,70 @@ func startRun(
 	}
 
 	data_ = &startRunResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by updateSchedule.
+const updateSchedule_Operation = `
+mutation updateSchedule ($id: ID!, $input: UpdateScheduleInput!) {
+	updateSchedule(id: $id, input: $input) {
+		... ScheduleFields
+	}
+}
+fragment ScheduleFields on Schedule {
+	id
+	workflowId
+	workflowVersion
+	cron
+	intervalSeconds
+	timeZone
+	input
+	metadata
+	externalId
+	description
+	overlap
+	catchupWindowSeconds
+	paused
+	nextFireAt
+	bufferedFireAt
+	lastFireAt
+	lastRunId
+	lastOutcome
+	lastError
+	startedCount
+	skippedCount
+	refusedCount
+	missedCount
+	createdBy
+	createdAt
+	updatedAt
+}
+`
+
+func updateSchedule(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+	input UpdateScheduleInput,
+) (data_ *updateScheduleResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "updateSchedule",
+		Query:  updateSchedule_Operation,
+		Variables: &__updateScheduleInput{
+			Id:    id,
+			Input: input,
+		},
+	}
+
+	data_ = &updateScheduleResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
