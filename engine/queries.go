@@ -141,47 +141,62 @@ func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uui
 			return nil, false, err
 		}
 	}
-	where := []string{"r.tenant_id = $1"}
 	args := []any{tx.Tenant}
 	arg := func(v any) string {
 		args = append(args, v)
 		return fmt.Sprintf("$%d", len(args))
 	}
-	from, order := "workflow_runs r", "r.id"
+	// conds bound the run; ranges bound the id order column (the run's id,
+	// or with a metadata filter the driving metadata row's run id).
+	var conds, ranges []string
+	order := "r.id"
+	var meta []string
 	if len(f.Metadata) > 0 {
-		// The first pair drives the listing: its index range is in run-id
-		// order, so a page reads no more than it returns (plus what the
-		// other filters drop); further pairs are primary-key probes.
-		keys := sortedKeys(f.Metadata)
-		from = "run_metadata m JOIN workflow_runs r ON r.tenant_id = m.tenant_id AND r.id = m.run_id"
 		order = "m.run_id"
-		where = append(where, "m.tenant_id = $1", "m.key = "+arg(keys[0]), "m.value = "+arg(f.Metadata[keys[0]]))
+		keys := sortedKeys(f.Metadata)
+		meta = append(meta, "m.tenant_id = $1", "m.key = "+arg(keys[0]), "m.value = "+arg(f.Metadata[keys[0]]))
 		for _, k := range keys[1:] {
-			where = append(where, "EXISTS (SELECT 1 FROM run_metadata x WHERE x.tenant_id = $1 AND x.key = "+arg(k)+
-				" AND x.value = "+arg(f.Metadata[k])+" AND x.run_id = r.id)")
+			meta = append(meta, "EXISTS (SELECT 1 FROM run_metadata x WHERE x.tenant_id = $1 AND x.key = "+arg(k)+
+				" AND x.value = "+arg(f.Metadata[k])+" AND x.run_id = m.run_id)")
 		}
 	}
 	if after != nil {
-		where = append(where, order+" < "+arg(*after))
+		ranges = append(ranges, order+" < "+arg(*after))
 	}
 	if len(f.Statuses) == 1 {
-		where = append(where, "r.status = "+arg(f.Statuses[0]))
+		conds = append(conds, "r.status = "+arg(f.Statuses[0]))
 	} else if len(f.Statuses) > 1 {
-		where = append(where, "r.status = ANY("+arg(f.Statuses)+")")
+		conds = append(conds, "r.status = ANY("+arg(f.Statuses)+")")
 	}
 	if f.WorkflowID != nil {
-		where = append(where, "r.workflow_id = "+arg(*f.WorkflowID))
+		conds = append(conds, "r.workflow_id = "+arg(*f.WorkflowID))
 	}
 	if f.CreatedAfter != nil {
-		where = append(where, order+" >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
+		ranges = append(ranges, order+" >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
 	}
 	if f.CreatedBefore != nil {
-		where = append(where, order+" < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
+		ranges = append(ranges, order+" < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
 	}
 	if f.IdempotencyKey != nil {
-		where = append(where, "r.id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
+		conds = append(conds, "r.id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
 	}
-	q := `SELECT ` + qualified(runColumns, "r.") + ` FROM ` + from + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY ` + order + ` DESC LIMIT ` + arg(first+1)
+	var q string
+	if len(meta) == 0 {
+		where := append(append([]string{"r.tenant_id = $1"}, ranges...), conds...)
+		q = `SELECT ` + qualified(runColumns, "r.") + ` FROM workflow_runs r WHERE ` + strings.Join(where, " AND ") +
+			` ORDER BY r.id DESC LIMIT ` + arg(first+1)
+	} else {
+		// The first pair drives the listing: its index range is in run-id
+		// order, and each of its rows probes one run by primary key (the
+		// lateral subquery, kept apart by OFFSET 0, is never turned into a
+		// join the planner could drive from the runs, as it would on a
+		// partition without statistics), so a page reads about as many rows
+		// as the filters pass over; further pairs are primary-key probes.
+		inner := append([]string{"r.tenant_id = $1", "r.id = m.run_id"}, conds...)
+		where := append(meta, ranges...)
+		q = `SELECT ` + qualified(runColumns, "r.") + ` FROM run_metadata m CROSS JOIN LATERAL (SELECT * FROM workflow_runs r WHERE ` +
+			strings.Join(inner, " AND ") + ` OFFSET 0) r WHERE ` + strings.Join(where, " AND ") + ` ORDER BY m.run_id DESC LIMIT ` + arg(first+1)
+	}
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("list runs: %w", err)

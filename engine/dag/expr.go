@@ -188,6 +188,41 @@ func (n *Node) EvalIf(s Scope) (bool, error) {
 	return b, nil
 }
 
+// WakeAt is when a sleep node that starts now wakes: now plus its
+// duration, or the instant its until expression names (now when that is
+// past). An until more than MaxDuration away, or not a timestamp, is an
+// error.
+func (n *Node) WakeAt(s Scope, now time.Time) (time.Time, error) {
+	if n.Sleep == nil {
+		return now, nil
+	}
+	if n.Sleep.until == nil {
+		return now.Add(n.Sleep.Duration.Std()), nil
+	}
+	v, err := n.Sleep.until.eval(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("sleep.until: %w", err)
+	}
+	var at time.Time
+	switch x := v.(type) {
+	case types.Timestamp:
+		at = x.Time
+	case types.String:
+		if at, err = time.Parse(time.RFC3339Nano, string(x)); err != nil {
+			return time.Time{}, fmt.Errorf("sleep.until: %s evaluated to %q, not an RFC 3339 timestamp", n.Sleep.until.source, oneLine(string(x)))
+		}
+	default:
+		return time.Time{}, fmt.Errorf("sleep.until: %s evaluated to %s, not a timestamp", n.Sleep.until.source, v.Type().TypeName())
+	}
+	if at.Sub(now) > MaxDuration {
+		return time.Time{}, fmt.Errorf("sleep.until: %s is more than %s away", at.UTC().Format(time.RFC3339), MaxDuration)
+	}
+	if at.Before(now) {
+		return now, nil
+	}
+	return at, nil
+}
+
 // EvalInput evaluates the node's input mapping into a JSON object; a node
 // without a mapping gets the run input unchanged.
 func (n *Node) EvalInput(s Scope) (json.RawMessage, error) {

@@ -100,9 +100,16 @@ type TaskSpec struct {
 	Handler string `json:"handler"`
 }
 
-// SleepSpec configures a sleep node.
+// SleepSpec configures a sleep node: for a Duration, or until the instant
+// Until evaluates to — an expression over the run input and upstream
+// outputs giving a timestamp (`timestamp("2026-12-24T09:00:00Z")`) or an
+// RFC 3339 string (`input.deliver_at`). An instant already past wakes the
+// node at once; one more than MaxDuration away fails it.
 type SleepSpec struct {
-	Duration Duration `json:"duration"`
+	Duration Duration `json:"duration,omitempty"`
+	Until    string   `json:"until,omitempty"`
+
+	until *program
 }
 
 // WaitSpec configures a wait node: it completes when the named signal

@@ -151,7 +151,16 @@ func (n *Node) validate(ps *problems, label string) {
 		ps.add(label, "task.handler", "must be a handler name of letters, digits and _")
 	}
 	if s := n.Sleep; s != nil {
-		checkDuration(ps, label, "sleep.duration", s.Duration, true)
+		switch {
+		case s.Until != "" && s.Duration != 0:
+			ps.add(label, "sleep", "give a duration or until, not both")
+		case s.Until != "":
+			if len(s.Until) > MaxExpressionBytes {
+				ps.add(label, "sleep.until", "is longer than %d bytes", MaxExpressionBytes)
+			}
+		default:
+			checkDuration(ps, label, "sleep.duration", s.Duration, true)
+		}
 	}
 	if wt := n.Wait; wt != nil {
 		if !signalPattern.MatchString(wt.Signal) {
@@ -287,6 +296,15 @@ func (w *Workflow) compile(ps *problems) {
 			} else {
 				check("if", p)
 				n.cond = p
+			}
+		}
+		if n.Sleep != nil && n.Sleep.Until != "" {
+			p, err := compile(n.Sleep.Until, false)
+			if err != nil {
+				ps.add(n.ID, "sleep.until", "%v", err)
+			} else {
+				check("sleep.until", p)
+				n.Sleep.until = p
 			}
 		}
 		n.input = make(map[string]*program, len(n.Input))

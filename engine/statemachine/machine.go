@@ -367,10 +367,15 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 
 	switch n.Type {
 	case dag.TypeSleep:
+		at, err := n.WakeAt(s, m.now)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
 		base.State = TaskWaiting
 		m.emit(base)
 		t.State = TaskWaiting
-		m.emit(ScheduleTimer{Kind: TimerSleep, NodeID: n.ID, Attempt: 1, FireAt: m.now.Add(n.Sleep.Duration.Std())})
+		m.emit(ScheduleTimer{Kind: TimerSleep, NodeID: n.ID, Attempt: 1, FireAt: at})
 	case dag.TypeWait:
 		for i, sig := range m.run.Signals {
 			if sig.Name != n.Wait.Signal {

@@ -196,6 +196,45 @@ func TestSleepCompletesWhenItsTimerFiresOnce(t *testing.T) {
 	assert.True(t, s.fire(TimerSleep, "nap").Ignored, "a timer firing twice is ignored")
 }
 
+// TestSleepUntilAnInstant: a sleep until an instant from the input or an
+// upstream output wakes at that instant; one already past wakes at once; a
+// value that is not a timestamp, or too far away, fails the node.
+func TestSleepUntilAnInstant(t *testing.T) {
+	at := epoch.Add(90 * time.Minute).UTC()
+	for name, c := range map[string]struct {
+		input string
+		want  time.Time
+		fails string
+	}{
+		"rfc3339 string": {`{"at":"` + at.Format(time.RFC3339) + `"}`, at, ""},
+		"past":           {`{"at":"` + epoch.Add(-time.Hour).UTC().Format(time.RFC3339) + `"}`, epoch, ""},
+		"not a time":     {`{"at":"tomorrow"}`, time.Time{}, "not an RFC 3339 timestamp"},
+		"a number":       {`{"at":5}`, time.Time{}, "not a timestamp"},
+		"too far":        {`{"at":"` + epoch.Add(400*24*time.Hour).UTC().Format(time.RFC3339) + `"}`, time.Time{}, "more than"},
+	} {
+		s := newSim(t, dag.MustParse(`{"nodes":[{"id":"nap","type":"sleep","sleep":{"until":"input.at"}},{"id":"after","type":"noop","depends_on":["nap"]}]}`), c.input)
+		tr := s.step(RunStarted{})
+		if c.fails != "" {
+			require.Equal(t, RunFailed, tr.Status, name)
+			ct := tr.Actions[0].(CreateTask)
+			require.NotNil(t, ct.Error, name)
+			assert.Equal(t, CodeExpression, ct.Error.Code, name)
+			assert.Contains(t, ct.Error.Message, c.fails, name)
+			continue
+		}
+		require.Equal(t, []string{"create_task", "schedule_timer"}, kinds(tr), name)
+		assert.Equal(t, c.want, tr.Actions[1].(ScheduleTimer).FireAt.UTC(), name)
+	}
+
+	// A CEL timestamp computed from an upstream output.
+	s := newSim(t, dag.MustParse(`{"nodes":[{"id":"a","type":"noop"},
+		{"id":"nap","type":"sleep","depends_on":["a"],"sleep":{"until":"timestamp(nodes.a.output.at) + duration('1h')"}}]}`), "")
+	s.step(RunStarted{})
+	tr := s.complete("a", `{"at":"`+at.Format(time.RFC3339)+`"}`)
+	require.Equal(t, []string{"complete_task", "create_task", "schedule_timer"}, kinds(tr))
+	assert.Equal(t, at.Add(time.Hour), tr.Actions[2].(ScheduleTimer).FireAt.UTC())
+}
+
 func TestWaitResolvedBySignal(t *testing.T) {
 	wf := dag.MustParse(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go","timeout":"1h"}},
 		{"id":"x","type":"noop","depends_on":["w"],"input":{"who":"nodes.w.output.by"}}]}`)

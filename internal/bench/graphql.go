@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/pg"
@@ -41,19 +43,32 @@ func runGraphQLRuns(ctx context.Context, o Options, rep *Report, n, requests int
 	}
 	seedStart := time.Now()
 	err = e.deps.DB.WithTenant(ctx, e.tenant, func(ctx context.Context, tx *pg.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, created_at, finished_at)
+		// Every run has a customer (1,000 runs each) in its metadata.
+		_, err := tx.Exec(ctx, `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, created_at, finished_at, metadata)
 			SELECT $1, composer_uuidv7(now() - make_interval(secs => ($2 - g) * 0.01)),
 			       CASE WHEN g % 3 = 0 THEN $4::uuid ELSE $3::uuid END, 1,
 			       CASE WHEN g % 100 = 0 THEN 'running' WHEN g % 37 = 0 THEN 'failed' ELSE 'completed' END,
-			       jsonb_build_object('n', g), now(), now()
+			       jsonb_build_object('n', g), now(), now(), jsonb_build_object('customer', 'c' || (g % 1000))
 			  FROM generate_series(1, $2) g`, e.tenant, n, wfA, wfB)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO run_metadata (tenant_id, run_id, key, value)
+			SELECT tenant_id, id, 'customer', metadata->>'customer' FROM workflow_runs WHERE tenant_id = $1`, e.tenant)
 		return err
 	})
 	if err != nil {
 		return Result{}, fmt.Errorf("seed runs: %w", err)
 	}
 	seed := time.Since(seedStart)
-	if _, err := e.deps.DB.System().Exec(ctx, `ANALYZE workflow_runs`); err != nil {
+	// Statistics, as autovacuum would leave them (only the owner may).
+	owner, err := pgx.Connect(ctx, e.cfg.MigrateDatabaseURL)
+	if err != nil {
+		return Result{}, err
+	}
+	_, err = owner.Exec(ctx, `ANALYZE workflow_runs; ANALYZE run_metadata`)
+	owner.Close(ctx)
+	if err != nil {
 		return Result{}, err
 	}
 	token, err := app.DevToken(ctx, e.deps, e.tenant, "bench@composer.local", auth.RoleViewer, time.Hour)
@@ -108,6 +123,8 @@ func runGraphQLRuns(ctx context.Context, o Options, rep *Report, n, requests int
 		{"first_page", map[string]any{}},
 		{"failed_only", map[string]any{"filter": map[string]any{"status": []string{"FAILED"}}}},
 		{"page_11", map[string]any{"after": deep}},
+		{"metadata_customer", map[string]any{"filter": map[string]any{"metadata": map[string]string{"customer": "c7"}}}},
+		{"metadata_customer_failed", map[string]any{"filter": map[string]any{"metadata": map[string]string{"customer": "c7"}, "status": []string{"FAILED"}}}},
 	}
 	extra := map[string]any{"runs_in_tenant": n, "seed_seconds": seed.Seconds()}
 	var firstPage []time.Duration
