@@ -257,7 +257,7 @@ func TestWebhookRelayKilledMidDelivery(t *testing.T) {
 	}
 	var secret string
 	require.NoError(t, sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
-		_, secret, err = svc.Create(ctx, tx, webhooks.CreateParams{URL: sink.srv.URL, EventTypes: webhooks.EventTypes, CreatedBy: "t"})
+		_, secret, err = svc.Create(ctx, tx, webhooks.CreateParams{URL: sink.srv.URL, EventTypes: []string{webhooks.EventRunCompleted, webhooks.EventRunFailed, webhooks.EventRunCancelled}, CreatedBy: "t"})
 		return err
 	}))
 

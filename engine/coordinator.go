@@ -88,6 +88,17 @@ type TxTransition struct {
 	// Report is set when the event is a worker's result for an attempt it
 	// held the lease of.
 	Report *AttemptReport
+	// Waits are the wait nodes that started waiting in this transition.
+	Waits []WaitStarted
+}
+
+// WaitStarted is a wait node that began waiting for its signal (or
+// approval), with its deadline when it has one.
+type WaitStarted struct {
+	Node      string
+	Signal    string
+	Approval  bool
+	TimeoutAt *time.Time
 }
 
 // AttemptReport is the attempt a worker's result ended.

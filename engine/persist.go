@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/composer-dev/composer/engine/outbox"
+	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/pg"
 )
@@ -109,6 +110,17 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				t.Terminal, t.Error = true, &a.Error
 			case sm.CancelRun:
 				t.Terminal, t.Error = true, &sm.Error{Code: sm.CodeCancelled, Message: a.Reason}
+			case sm.CreateTask:
+				if a.Type == dag.TypeWait && a.State == sm.TaskWaiting {
+					if n := p.def.wf.Node(a.NodeID); n != nil && n.Wait != nil {
+						w := WaitStarted{Node: a.NodeID, Signal: n.Wait.Signal, Approval: n.Wait.Approval}
+						if d := n.Wait.Timeout.Std(); d > 0 {
+							at := p.now.Add(d)
+							w.TimeoutAt = &at
+						}
+						t.Waits = append(t.Waits, w)
+					}
+				}
 			}
 		}
 		for _, h := range p.c.opts.Hooks {

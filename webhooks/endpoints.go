@@ -26,13 +26,17 @@ const (
 	EventRunCompleted = "run.completed"
 	EventRunFailed    = "run.failed"
 	EventRunCancelled = "run.cancelled"
+	// EventRunWaiting: a run started waiting for a signal at a wait node.
+	EventRunWaiting = "run.waiting"
+	// EventApprovalRequested: a run started waiting for an approval.
+	EventApprovalRequested = "approval.requested"
 	// EventTest is a ping sent on request (sendWebhookTestPing); endpoints
 	// do not subscribe to it.
 	EventTest = "webhook.test"
 )
 
 // EventTypes lists the subscribable event types.
-var EventTypes = []string{EventRunCompleted, EventRunFailed, EventRunCancelled}
+var EventTypes = []string{EventRunCompleted, EventRunFailed, EventRunCancelled, EventRunWaiting, EventApprovalRequested}
 
 // Limits of the endpoint API.
 const (

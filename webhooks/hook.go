@@ -25,8 +25,17 @@ func EventType(s sm.RunStatus) string {
 	return ""
 }
 
-// Hook is the engine.TxHook that enqueues deliveries when a run ends.
+// Hook is the engine.TxHook that enqueues deliveries when a run ends, and
+// when it starts waiting for a signal (run.waiting) or an approval
+// (approval.requested), so someone can be told.
 func Hook(t *engine.TxTransition, q engine.Queuer) {
+	for _, w := range t.Waits {
+		typ := EventRunWaiting
+		if w.Approval {
+			typ = EventApprovalRequested
+		}
+		q.Queue(enqueueWait, t.Tenant, typ, t.RunID, t.WorkflowID, t.WorkflowVersion, t.Now, w.Node, w.Signal, w.TimeoutAt)
+	}
 	if !t.Terminal {
 		return
 	}

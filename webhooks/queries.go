@@ -106,6 +106,21 @@ SELECT e.tenant_id, composer_uuidv7(), e.id, $2, $3, json_build_object(
   LEFT JOIN workflow_definitions w ON w.tenant_id = $1 AND w.id = $4
  WHERE e.tenant_id = $1 AND e.enabled AND $2 = ANY (e.event_types)`
 
+// enqueueWait inserts the deliveries of a run that started waiting at a
+// wait node: which node, for which signal, until when.
+const enqueueWait = `INSERT INTO webhook_deliveries (tenant_id, id, endpoint_id, event_type, run_id, payload)
+SELECT e.tenant_id, composer_uuidv7(), e.id, $2, $3, json_build_object(
+    'type', $2::text,
+    'timestamp', $6::timestamptz,
+    'data', json_build_object(
+        'run_id', $3::uuid, 'workflow', w.name, 'workflow_id', $4::uuid, 'workflow_version', $5::int,
+        'status', 'running', 'node', $7::text, 'signal', $8::text, 'timeout_at', $9::timestamptz,
+        'started_at', r.created_at, 'metadata', r.metadata))::text
+  FROM webhook_endpoints e
+  LEFT JOIN workflow_runs r ON r.tenant_id = $1 AND r.id = $3
+  LEFT JOIN workflow_definitions w ON w.tenant_id = $1 AND w.id = $4
+ WHERE e.tenant_id = $1 AND e.enabled AND $2 = ANY (e.event_types)`
+
 const deliveryColumns = `d.id, d.endpoint_id, d.event_type, d.run_id, d.payload, d.state, d.next_attempt_at,
 	d.last_status, d.last_error, d.succeeded_at, d.created_at`
 

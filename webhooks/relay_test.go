@@ -73,8 +73,8 @@ func (f *fixture) tx(tenant uuid.UUID, fn func(ctx context.Context, tx *pg.Tx) e
 
 func (f *fixture) endpoint(tenant uuid.UUID, url string, types ...string) (webhooks.Endpoint, string) {
 	f.t.Helper()
-	if types == nil {
-		types = webhooks.EventTypes
+	if types == nil { // the terminal events (the fixture's runs also wait)
+		types = []string{webhooks.EventRunCompleted, webhooks.EventRunFailed, webhooks.EventRunCancelled}
 	}
 	var e webhooks.Endpoint
 	var secret string
@@ -584,4 +584,62 @@ func TestRedeliverDuringAnAttemptDoesNotSendTwice(t *testing.T) {
 	require.Equal(t, webhooks.StateSucceeded, got.State)
 	require.Equal(t, int32(1), requests.Load())
 	require.Len(t, got.Attempts, 1)
+}
+
+// TestWaitsAreWebhookEvents: a run that starts waiting for a signal sends
+// run.waiting, one waiting for an approval approval.requested — each with
+// the node, the signal, the deadline and the run's metadata — to the
+// endpoints subscribed to them, in the transition's transaction; others
+// get nothing, and another tenant's endpoints never see them.
+func TestWaitsAreWebhookEvents(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	waiting, _ := f.endpoint(f.sys.Tenant, "http://127.0.0.1:1/waiting", webhooks.EventRunWaiting)
+	approvals, _ := f.endpoint(f.sys.Tenant, "http://127.0.0.1:1/approvals", webhooks.EventApprovalRequested)
+	terminal, _ := f.endpoint(f.sys.Tenant, "http://127.0.0.1:1/terminal")
+	other, err := tenants.Create(ctx, f.sys.Deps.DB, tenants.CreateParams{Name: "globex"})
+	require.NoError(t, err)
+	otherEnd, _ := f.endpoint(other.ID, "http://127.0.0.1:1/other", webhooks.EventRunWaiting, webhooks.EventApprovalRequested)
+
+	wf := f.sys.Workflow(`{"nodes":[{"id":"paid","type":"wait","wait":{"signal":"payment"}},
+		{"id":"ok","type":"wait","depends_on":["paid"],"wait":{"signal":"manager","approval":true,"timeout":"2h"}}]}`)
+	res, err := f.sys.Coordinator().StartRun(ctx, f.sys.Tenant, engine.StartRun{WorkflowID: wf, Metadata: map[string]string{"order": "o-9"}})
+	require.NoError(t, err)
+
+	type data struct {
+		RunID     uuid.UUID `json:"run_id"`
+		Node      string
+		Signal    string
+		Status    string
+		TimeoutAt *time.Time `json:"timeout_at"`
+		Metadata  map[string]string
+	}
+	read := func(e webhooks.Endpoint) []data {
+		var out []data
+		for _, d := range f.deliveries(f.sys.Tenant, webhooks.DeliveryFilter{EndpointID: &e.ID}) {
+			var p struct {
+				Type string
+				Data data
+			}
+			require.NoError(t, json.Unmarshal([]byte(d.Payload), &p))
+			assert.Equal(t, d.EventType, p.Type)
+			out = append(out, p.Data)
+		}
+		return out
+	}
+	got := read(waiting)
+	require.Len(t, got, 1, "the signal wait started with the run")
+	assert.Equal(t, data{RunID: res.RunID, Node: "paid", Signal: "payment", Status: "running", Metadata: map[string]string{"order": "o-9"}}, got[0])
+	assert.Empty(t, read(approvals), "the approval waits for the payment")
+
+	_, err = f.sys.Coordinator().SignalRun(ctx, f.sys.Tenant, res.RunID, engine.Signal{ID: "p1", Name: "payment", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	got = read(approvals)
+	require.Len(t, got, 1)
+	assert.Equal(t, "ok", got[0].Node)
+	assert.Equal(t, "manager", got[0].Signal)
+	require.NotNil(t, got[0].TimeoutAt)
+	assert.Empty(t, read(terminal), "not a terminal event")
+	assert.Empty(t, f.deliveries(other.ID, webhooks.DeliveryFilter{EndpointID: &otherEnd.ID}), "another tenant's endpoints hear nothing")
 }
