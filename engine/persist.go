@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/engine/dag"
+	"github.com/composer-dev/composer/engine/outbox"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/pg"
 )
