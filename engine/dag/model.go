@@ -53,7 +53,9 @@ type Workflow struct {
 	// Metadata maps run metadata keys to expressions over the run input
 	// (`input.customer_id`), evaluated when a run starts.
 	Metadata map[string]string `json:"metadata,omitempty"`
-	Nodes    []*Node           `json:"nodes"`
+	// Triggers start a run for each published event they match.
+	Triggers []*Trigger `json:"triggers,omitempty"`
+	Nodes    []*Node    `json:"nodes"`
 
 	byID     map[string]*Node
 	order    []string            // topological

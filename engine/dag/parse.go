@@ -98,6 +98,7 @@ type rawWorkflow struct {
 	Timeout     json.RawMessage   `json:"timeout"`
 	Output      map[string]string `json:"output"`
 	Metadata    map[string]string `json:"metadata"`
+	Triggers    []*Trigger        `json:"triggers"`
 	Nodes       []json.RawMessage `json:"nodes"`
 }
 
@@ -108,7 +109,7 @@ func decode(data []byte) (*Workflow, []Problem) {
 	if err := strictUnmarshal(data, &raw); err != nil {
 		return nil, []Problem{{Message: jsonProblem(err)}}
 	}
-	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output, Metadata: raw.Metadata}
+	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output, Metadata: raw.Metadata, Triggers: raw.Triggers}
 	var problems []Problem
 	if len(raw.Timeout) > 0 && string(raw.Timeout) != "null" {
 		if err := json.Unmarshal(raw.Timeout, &w.Timeout); err != nil {

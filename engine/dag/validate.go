@@ -42,6 +42,7 @@ func (w *Workflow) validate() []Problem {
 		ps.add("", "nodes", "%d nodes; the limit is %d", len(w.Nodes), MaxNodes)
 	}
 	checkDuration(&ps, "", "timeout", w.Timeout, false)
+	w.validateTriggers(&ps)
 
 	w.byID = make(map[string]*Node, len(w.Nodes))
 	for i, n := range w.Nodes {
