@@ -222,12 +222,30 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		return Started{}, err
 	}
 	var out Started
-	var tr sm.Transition
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		out, tr = Started{}, sm.Transition{}
+		out = Started{}
 		if err := gate(ctx, tx); err != nil {
 			return err
 		}
+		var err error
+		out, err = c.startIn(ctx, tx, req, input, false)
+		return err
+	})
+	if err != nil {
+		return Started{}, err
+	}
+	return out, nil
+}
+
+// startIn is StartRun's work inside tx (whose tenant it starts the run
+// of), the gate aside; input is normalized. Admission applies. It commits
+// tx with its last batch unless open is set: a publish runs several in
+// one transaction and commits once (events.go).
+func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, input json.RawMessage, open bool) (Started, error) {
+	tenant := tx.Tenant
+	var out Started
+	var tr sm.Transition
+	err := func() error {
 		wid, version, err := resolveWorkflow(ctx, tx, req)
 		if err != nil {
 			return err
@@ -305,18 +323,15 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 			return err // the input would be amplified past the bound: refuse the start, write nothing
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: wid, version: version, readBack: readBackOf(ctx)}
+			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
 			return err
 		}
 		out = Started{RunID: runID, Created: true, Status: tr.Status}
 		c.afterCommit(ctx, tx, runID, sm.RunStarted{}, tr, p, eventRef{})
 		return nil
-	})
-	if err != nil {
-		return Started{}, err
-	}
-	return out, nil
+	}()
+	return out, err
 }
 
 // tooLarge is the BAD_USER_INPUT of a start whose first nodes' inputs (or

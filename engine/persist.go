@@ -42,6 +42,10 @@ type persister struct {
 	next      *Lease
 	// readBack, when set, receives the run as the transaction leaves it.
 	readBack *RunView
+	// open leaves the transaction open after the transition (a start
+	// among others in one publish's transaction) instead of committing
+	// with its last batch.
+	open bool
 
 	b pgx.Batch
 }
@@ -256,7 +260,11 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		})
 	}
 	// The transition and its COMMIT travel in one round trip.
-	if err := p.tx.CommitWith(ctx, &p.b); err != nil {
+	send := p.tx.CommitWith
+	if p.open {
+		send = func(ctx context.Context, b *pgx.Batch) error { return p.tx.SendBatch(ctx, b).Close() }
+	}
+	if err := send(ctx, &p.b); err != nil {
 		if err = guardFailed(err); errors.As(err, new(ignoredError)) {
 			return err
 		}

@@ -79,7 +79,10 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 		if err != nil {
 			return fmt.Errorf("insert workflow: %w", err)
 		}
-		return tx.QueryRow(ctx, qInsertVersion, tenant, w.ID, v.Definition).Scan(&v.CreatedAt)
+		if err := tx.QueryRow(ctx, qInsertVersion, tenant, w.ID, v.Definition).Scan(&v.CreatedAt); err != nil {
+			return err
+		}
+		return writeTriggers(ctx, tx, w.ID, 1, wf)
 	})
 	if err != nil {
 		return Workflow{}, Version{}, err
@@ -109,7 +112,10 @@ func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uui
 		if l.MaxWorkflowVersions > 0 && v.Version > l.MaxWorkflowVersions {
 			return errs.E(errs.QuotaExceeded, "a workflow may have at most %d versions on this plan; create a new workflow", l.MaxWorkflowVersions)
 		}
-		return tx.QueryRow(ctx, qInsertNextVersion, tenant, workflowID, v.Version, v.Definition).Scan(&v.CreatedAt)
+		if err := tx.QueryRow(ctx, qInsertNextVersion, tenant, workflowID, v.Version, v.Definition).Scan(&v.CreatedAt); err != nil {
+			return err
+		}
+		return writeTriggers(ctx, tx, workflowID, v.Version, wf)
 	})
 	if err != nil {
 		return Version{}, err
