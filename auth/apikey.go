@@ -143,6 +143,7 @@ const (
 	ScopeWebhooksManage = "webhooks:manage"
 	ScopeBillingRead    = "billing:read"
 	ScopeWorker         = "worker"
+	ScopeEventsWrite    = "events:write"
 	// ScopeAdmin grants every action.
 	ScopeAdmin = "admin"
 )
@@ -150,7 +151,7 @@ const (
 // AllScopes returns every scope, in a stable order.
 func AllScopes() []string {
 	return []string{ScopeRunsRead, ScopeRunsWrite, ScopeWorkflowsRead, ScopeWorkflowsWrite, ScopeKeysManage,
-		ScopeMembersManage, ScopeWebhooksManage, ScopeBillingRead, ScopeWorker, ScopeAdmin}
+		ScopeMembersManage, ScopeWebhooksManage, ScopeBillingRead, ScopeWorker, ScopeEventsWrite, ScopeAdmin}
 }
 
 // normalizeScopes rejects unknown scopes and returns the rest sorted and

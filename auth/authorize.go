@@ -39,6 +39,9 @@ const (
 	ActionWebhooksManage Action = "webhooks:manage"
 	ActionBillingRead    Action = "billing:read"
 	ActionWorkerTasks    Action = "worker:tasks"
+	// ActionEventsWrite publishes events (which start the workflows they
+	// trigger); reading events is runs:read.
+	ActionEventsWrite Action = "events:write"
 )
 
 // actionScope is the API key scope that grants each action (ScopeAdmin
@@ -53,12 +56,13 @@ var actionScope = map[Action]string{
 	ActionWebhooksManage: ScopeWebhooksManage,
 	ActionBillingRead:    ScopeBillingRead,
 	ActionWorkerTasks:    ScopeWorker,
+	ActionEventsWrite:    ScopeEventsWrite,
 }
 
 // AllActions returns every action, in a stable order.
 func AllActions() []Action {
 	return []Action{ActionRunsRead, ActionRunsWrite, ActionWorkflowsRead, ActionWorkflowsWrite, ActionKeysManage,
-		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks}
+		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite}
 }
 
 // Authorizer answers whether a principal may perform an action. Users are

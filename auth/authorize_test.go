@@ -44,7 +44,7 @@ func TestRolePermissions(t *testing.T) {
 		auth.RoleOwner: everything,
 		auth.RoleAdmin: everything,
 		auth.RoleDeveloper: {auth.ActionRunsRead, auth.ActionRunsWrite, auth.ActionWorkflowsRead,
-			auth.ActionWorkflowsWrite, auth.ActionBillingRead},
+			auth.ActionWorkflowsWrite, auth.ActionBillingRead, auth.ActionEventsWrite},
 		auth.RoleViewer: {auth.ActionRunsRead, auth.ActionWorkflowsRead, auth.ActionBillingRead},
 	}
 	for role := range want {

@@ -88,7 +88,18 @@ GRANT SELECT, INSERT ON event_runs TO composer_app;
 GRANT SELECT, INSERT, DELETE ON workflow_triggers TO composer_app;
 GRANT SELECT ON events, event_runs, workflow_triggers TO composer_system;
 
+-- API keys may hold events:write (publishEvent, POST /v1/events).
+ALTER TABLE api_keys DROP CONSTRAINT api_keys_scopes_check;
+ALTER TABLE api_keys ADD CONSTRAINT api_keys_scopes_check CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['runs:read', 'runs:write',
+    'workflows:read', 'workflows:write', 'keys:manage', 'members:manage', 'webhooks:manage',
+    'billing:read', 'worker', 'events:write', 'admin']);
+
 -- +goose Down
+UPDATE api_keys SET scopes = array_remove(scopes, 'events:write') WHERE 'events:write' = ANY (scopes) AND cardinality(scopes) > 1;
+ALTER TABLE api_keys DROP CONSTRAINT api_keys_scopes_check;
+ALTER TABLE api_keys ADD CONSTRAINT api_keys_scopes_check CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['runs:read', 'runs:write',
+    'workflows:read', 'workflows:write', 'keys:manage', 'members:manage', 'webhooks:manage',
+    'billing:read', 'worker', 'admin']);
 DROP TABLE workflow_triggers;
 DROP TABLE event_runs;
 DROP TABLE events;
