@@ -43,6 +43,7 @@ type tenantWorld struct {
 	waitingRun               string // a run parked on a signal
 	endpoint, delivery       string // a webhook endpoint and its test ping
 	schedule                 string // a (yearly) schedule of the workflow
+	event                    string // an event (Composer's id) that started nothing
 }
 
 const waitDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true}}]}`
@@ -84,6 +85,11 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 	sys.GraphQL(w.owner, `mutation($w: ID!) { createSchedule(input: {workflowId: $w, cron: "0 0 1 1 *", externalId: "yearly"}) { id } }`,
 		map[string]any{"w": w.workflow}).Decode(t, &sch)
 	w.schedule = sch.CreateSchedule.ID
+	var ev struct {
+		PublishEvent struct{ Event struct{ ID string } }
+	}
+	sys.GraphQL(w.owner, `mutation { publishEvent(input: {name: "nothing.listens", id: "e1"}) { event { id } } }`, nil).Decode(t, &ev)
+	w.event = ev.PublishEvent.Event.ID
 	// A connected worker of the tenant (a poll with no free slot registers it).
 	_, err := sys.Server.Poller.Poll(context.Background(), taskpoll.Caller{Tenant: tenant, KeyID: "k"}, taskapi.PollRequest{
 		WorkerID: "worker-" + tenant.String(), PollID: "p1", Queues: []string{"default"}, Handlers: []string{"work"}, Capacity: 4, TTLMillis: 30_000})
@@ -154,6 +160,7 @@ var idCases = map[string]idCase{
 	"Mutation.deleteSchedule.id": {query: `mutation($id: ID!) { deleteSchedule(id: $id) }`, vars: scheduleOf},
 	"Mutation.backfillSchedule.id": {query: `mutation($id: ID!) { backfillSchedule(id: $id, from: "2020-01-01T00:00:00Z", to: "2021-01-01T00:00:00Z") { runId } }`,
 		vars: scheduleOf},
+	"Query.event.id": {query: `query($id: ID!) { event(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.event} }},
 	"CreateScheduleInput.workflowId": {query: `mutation($id: ID!) { createSchedule(input: {workflowId: $id, cron: "0 0 1 1 *"}) { id } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 }

@@ -101,7 +101,14 @@ func (r *Resolver) gated(ctx context.Context, action auth.Action) (context.Conte
 // if the limiter itself fails the start proceeds (the quota checks in the
 // start's transaction still apply).
 func (r *Resolver) admitStart(ctx context.Context) (context.Context, auth.Principal, error) {
-	ctx, p, err := r.gated(ctx, auth.ActionRunsWrite)
+	return r.admit(ctx, auth.ActionRunsWrite)
+}
+
+// admit is admitStart for an action that starts runs (runs:write, or
+// events:write for a publish, which takes one token however many runs it
+// starts).
+func (r *Resolver) admit(ctx context.Context, action auth.Action) (context.Context, auth.Principal, error) {
+	ctx, p, err := r.gated(ctx, action)
 	if err != nil || r.Limiter == nil {
 		return ctx, p, err
 	}

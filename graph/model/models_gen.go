@@ -77,6 +77,16 @@ type CreateWorkflowPayload struct {
 	Version  *engine.Version  `json:"version"`
 }
 
+type EventConnection struct {
+	Edges    []EventEdge `json:"edges"`
+	PageInfo *PageInfo   `json:"pageInfo"`
+}
+
+type EventEdge struct {
+	Cursor string        `json:"cursor"`
+	Node   *engine.Event `json:"node"`
+}
+
 type Invoice struct {
 	Period string `json:"period"`
 	Plan   string `json:"plan"`
@@ -124,6 +134,22 @@ type Mutation struct {
 type PageInfo struct {
 	HasNextPage bool    `json:"hasNextPage"`
 	EndCursor   *string `json:"endCursor,omitempty"`
+}
+
+type PublishEventInput struct {
+	// Dot-separated segments of letters, digits, '_', ':', '/' or '-', at most
+	// 128 characters (order.created).
+	Name string `json:"name"`
+	// A JSON object, at most 256 KiB; {} by default.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// The publisher's id for the event, its dedupe key in the tenant (at most 255 characters).
+	ID string `json:"id"`
+}
+
+type PublishEventPayload struct {
+	Event *engine.Event `json:"event"`
+	// False when the id named an event already published.
+	Created bool `json:"created"`
 }
 
 type Query struct {
@@ -253,6 +279,62 @@ type WorkflowConnection struct {
 type WorkflowEdge struct {
 	Cursor string           `json:"cursor"`
 	Node   *engine.Workflow `json:"node"`
+}
+
+type EventRunOutcome string
+
+const (
+	EventRunOutcomeStarted EventRunOutcome = "STARTED"
+	// Admission refused the start (rate, queued-task limit, spend cap), the workflow refused its input, or the trigger's condition failed on the event.
+	EventRunOutcomeRefused EventRunOutcome = "REFUSED"
+)
+
+var AllEventRunOutcome = []EventRunOutcome{
+	EventRunOutcomeStarted,
+	EventRunOutcomeRefused,
+}
+
+func (e EventRunOutcome) IsValid() bool {
+	switch e {
+	case EventRunOutcomeStarted, EventRunOutcomeRefused:
+		return true
+	}
+	return false
+}
+
+func (e EventRunOutcome) String() string {
+	return string(e)
+}
+
+func (e *EventRunOutcome) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = EventRunOutcome(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid EventRunOutcome", str)
+	}
+	return nil
+}
+
+func (e EventRunOutcome) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *EventRunOutcome) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e EventRunOutcome) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }
 
 type PrincipalKind string
