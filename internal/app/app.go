@@ -285,6 +285,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		s.Background = append(s.Background, exporter)
 	}
 
+	s.Mux.Handle("POST "+PathEvents, &eventsHandler{s: s})
 	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, s.Poller, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
 		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter,
