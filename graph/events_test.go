@@ -107,7 +107,9 @@ func TestEventsOverGraphQL(t *testing.T) {
 	assert.True(t, inB.PublishEvent.Created)
 	assert.Empty(t, inB.PublishEvent.Event.Runs)
 	var runs struct {
-		Runs struct{ Edges []struct{ Node struct{ ID string } } }
+		Runs struct {
+			Edges []struct{ Node struct{ ID string } }
+		}
 	}
 	sys.GraphQL(a.owner, `query($w: ID!) { runs(filter: {workflowId: $w}) { edges { node { id } } } }`,
 		map[string]any{"w": wf.CreateWorkflow.Workflow.ID}).Decode(t, &runs)
