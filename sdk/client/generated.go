@@ -92,6 +92,95 @@ func (v *CreateWorkflowInput) GetDescription() *string { return v.Description }
 // GetDefinition returns CreateWorkflowInput.Definition, and is useful for accessing the field via an interface.
 func (v *CreateWorkflowInput) GetDefinition() json.RawMessage { return v.Definition }
 
+// EventFields includes the GraphQL fields of Event requested by the fragment EventFields.
+type EventFields struct {
+	// Composer's id for the event.
+	Id string `json:"id"`
+	// The publisher's id (its dedupe key).
+	EventId    string          `json:"eventId"`
+	Name       string          `json:"name"`
+	Payload    json.RawMessage `json:"payload"`
+	ReceivedAt time.Time       `json:"receivedAt"`
+	// What the event did to each workflow a trigger of which matched it, by workflow id.
+	Runs []EventFieldsRunsEventRun `json:"runs"`
+}
+
+// GetId returns EventFields.Id, and is useful for accessing the field via an interface.
+func (v *EventFields) GetId() string { return v.Id }
+
+// GetEventId returns EventFields.EventId, and is useful for accessing the field via an interface.
+func (v *EventFields) GetEventId() string { return v.EventId }
+
+// GetName returns EventFields.Name, and is useful for accessing the field via an interface.
+func (v *EventFields) GetName() string { return v.Name }
+
+// GetPayload returns EventFields.Payload, and is useful for accessing the field via an interface.
+func (v *EventFields) GetPayload() json.RawMessage { return v.Payload }
+
+// GetReceivedAt returns EventFields.ReceivedAt, and is useful for accessing the field via an interface.
+func (v *EventFields) GetReceivedAt() time.Time { return v.ReceivedAt }
+
+// GetRuns returns EventFields.Runs, and is useful for accessing the field via an interface.
+func (v *EventFields) GetRuns() []EventFieldsRunsEventRun { return v.Runs }
+
+// EventFieldsRunsEventRun includes the requested fields of the GraphQL type EventRun.
+type EventFieldsRunsEventRun struct {
+	WorkflowId string          `json:"workflowId"`
+	Outcome    EventRunOutcome `json:"outcome"`
+	// The run it started (null when refused).
+	RunId *string `json:"runId"`
+	// Why the start was refused: an error code (QUOTA_EXCEEDED, BAD_USER_INPUT, ...) and message.
+	ErrorCode    *string `json:"errorCode"`
+	ErrorMessage *string `json:"errorMessage"`
+}
+
+// GetWorkflowId returns EventFieldsRunsEventRun.WorkflowId, and is useful for accessing the field via an interface.
+func (v *EventFieldsRunsEventRun) GetWorkflowId() string { return v.WorkflowId }
+
+// GetOutcome returns EventFieldsRunsEventRun.Outcome, and is useful for accessing the field via an interface.
+func (v *EventFieldsRunsEventRun) GetOutcome() EventRunOutcome { return v.Outcome }
+
+// GetRunId returns EventFieldsRunsEventRun.RunId, and is useful for accessing the field via an interface.
+func (v *EventFieldsRunsEventRun) GetRunId() *string { return v.RunId }
+
+// GetErrorCode returns EventFieldsRunsEventRun.ErrorCode, and is useful for accessing the field via an interface.
+func (v *EventFieldsRunsEventRun) GetErrorCode() *string { return v.ErrorCode }
+
+// GetErrorMessage returns EventFieldsRunsEventRun.ErrorMessage, and is useful for accessing the field via an interface.
+func (v *EventFieldsRunsEventRun) GetErrorMessage() *string { return v.ErrorMessage }
+
+type EventRunOutcome string
+
+const (
+	EventRunOutcomeStarted EventRunOutcome = "STARTED"
+	// Admission refused the start (rate, queued-task limit, spend cap), the workflow refused its input, or the trigger's condition failed on the event.
+	EventRunOutcomeRefused EventRunOutcome = "REFUSED"
+)
+
+var AllEventRunOutcome = []EventRunOutcome{
+	EventRunOutcomeStarted,
+	EventRunOutcomeRefused,
+}
+
+type PublishEventInput struct {
+	// Dot-separated segments of letters, digits, '_', ':', '/' or '-', at most
+	// 128 characters (order.created).
+	Name string `json:"name"`
+	// A JSON object, at most 256 KiB; {} by default.
+	Payload *json.RawMessage `json:"payload,omitempty"`
+	// The publisher's id for the event, its dedupe key in the tenant (at most 255 characters).
+	Id string `json:"id"`
+}
+
+// GetName returns PublishEventInput.Name, and is useful for accessing the field via an interface.
+func (v *PublishEventInput) GetName() string { return v.Name }
+
+// GetPayload returns PublishEventInput.Payload, and is useful for accessing the field via an interface.
+func (v *PublishEventInput) GetPayload() *json.RawMessage { return v.Payload }
+
+// GetId returns PublishEventInput.Id, and is useful for accessing the field via an interface.
+func (v *PublishEventInput) GetId() string { return v.Id }
+
 // RunFields includes the GraphQL fields of Run requested by the fragment RunFields.
 type RunFields struct {
 	Id              string            `json:"id"`
@@ -589,6 +678,14 @@ type __deleteScheduleInput struct {
 // GetId returns __deleteScheduleInput.Id, and is useful for accessing the field via an interface.
 func (v *__deleteScheduleInput) GetId() string { return v.Id }
 
+// __getEventInput is used internally by genqlient
+type __getEventInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __getEventInput.Id, and is useful for accessing the field via an interface.
+func (v *__getEventInput) GetId() string { return v.Id }
+
 // __getRunInput is used internally by genqlient
 type __getRunInput struct {
 	Id string `json:"id"`
@@ -613,6 +710,22 @@ func (v *__getScheduleInput) GetCount() int { return v.Count }
 // GetFires returns __getScheduleInput.Fires, and is useful for accessing the field via an interface.
 func (v *__getScheduleInput) GetFires() int { return v.Fires }
 
+// __listEventsInput is used internally by genqlient
+type __listEventsInput struct {
+	Name  *string `json:"name"`
+	First *int    `json:"first"`
+	After *string `json:"after"`
+}
+
+// GetName returns __listEventsInput.Name, and is useful for accessing the field via an interface.
+func (v *__listEventsInput) GetName() *string { return v.Name }
+
+// GetFirst returns __listEventsInput.First, and is useful for accessing the field via an interface.
+func (v *__listEventsInput) GetFirst() *int { return v.First }
+
+// GetAfter returns __listEventsInput.After, and is useful for accessing the field via an interface.
+func (v *__listEventsInput) GetAfter() *string { return v.After }
+
 // __listSchedulesInput is used internally by genqlient
 type __listSchedulesInput struct {
 	WorkflowId *string `json:"workflowId,omitempty"`
@@ -636,6 +749,14 @@ type __pauseScheduleInput struct {
 
 // GetId returns __pauseScheduleInput.Id, and is useful for accessing the field via an interface.
 func (v *__pauseScheduleInput) GetId() string { return v.Id }
+
+// __publishEventInput is used internally by genqlient
+type __publishEventInput struct {
+	Input PublishEventInput `json:"input"`
+}
+
+// GetInput returns __publishEventInput.Input, and is useful for accessing the field via an interface.
+func (v *__publishEventInput) GetInput() PublishEventInput { return v.Input }
 
 // __publishWorkflowVersionInput is used internally by genqlient
 type __publishWorkflowVersionInput struct {
@@ -1280,6 +1401,97 @@ type deleteScheduleResponse struct {
 // GetDeleteSchedule returns deleteScheduleResponse.DeleteSchedule, and is useful for accessing the field via an interface.
 func (v *deleteScheduleResponse) GetDeleteSchedule() string { return v.DeleteSchedule }
 
+// getEventEvent includes the requested fields of the GraphQL type Event.
+type getEventEvent struct {
+	EventFields `json:"-"`
+}
+
+// GetId returns getEventEvent.Id, and is useful for accessing the field via an interface.
+func (v *getEventEvent) GetId() string { return v.EventFields.Id }
+
+// GetEventId returns getEventEvent.EventId, and is useful for accessing the field via an interface.
+func (v *getEventEvent) GetEventId() string { return v.EventFields.EventId }
+
+// GetName returns getEventEvent.Name, and is useful for accessing the field via an interface.
+func (v *getEventEvent) GetName() string { return v.EventFields.Name }
+
+// GetPayload returns getEventEvent.Payload, and is useful for accessing the field via an interface.
+func (v *getEventEvent) GetPayload() json.RawMessage { return v.EventFields.Payload }
+
+// GetReceivedAt returns getEventEvent.ReceivedAt, and is useful for accessing the field via an interface.
+func (v *getEventEvent) GetReceivedAt() time.Time { return v.EventFields.ReceivedAt }
+
+// GetRuns returns getEventEvent.Runs, and is useful for accessing the field via an interface.
+func (v *getEventEvent) GetRuns() []EventFieldsRunsEventRun { return v.EventFields.Runs }
+
+func (v *getEventEvent) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*getEventEvent
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.getEventEvent = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.EventFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalgetEventEvent struct {
+	Id string `json:"id"`
+
+	EventId string `json:"eventId"`
+
+	Name string `json:"name"`
+
+	Payload json.RawMessage `json:"payload"`
+
+	ReceivedAt time.Time `json:"receivedAt"`
+
+	Runs []EventFieldsRunsEventRun `json:"runs"`
+}
+
+func (v *getEventEvent) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *getEventEvent) __premarshalJSON() (*__premarshalgetEventEvent, error) {
+	var retval __premarshalgetEventEvent
+
+	retval.Id = v.EventFields.Id
+	retval.EventId = v.EventFields.EventId
+	retval.Name = v.EventFields.Name
+	retval.Payload = v.EventFields.Payload
+	retval.ReceivedAt = v.EventFields.ReceivedAt
+	retval.Runs = v.EventFields.Runs
+	return &retval, nil
+}
+
+// getEventResponse is returned by getEvent on success.
+type getEventResponse struct {
+	// One event, by Composer's id for it (Event.id). Needs runs:read.
+	Event *getEventEvent `json:"event"`
+}
+
+// GetEvent returns getEventResponse.Event, and is useful for accessing the field via an interface.
+func (v *getEventResponse) GetEvent() *getEventEvent { return v.Event }
+
 // getRunResponse is returned by getRun on success.
 type getRunResponse struct {
 	// One run; NOT_FOUND when it does not exist in this tenant.
@@ -1741,6 +1953,148 @@ func (v *getScheduleScheduleRecentFiresScheduleFire) __premarshalJSON() (*__prem
 	retval.RecordedAt = v.ScheduleFireFields.RecordedAt
 	return &retval, nil
 }
+
+// listEventsEventsEventConnection includes the requested fields of the GraphQL type EventConnection.
+type listEventsEventsEventConnection struct {
+	Edges    []listEventsEventsEventConnectionEdgesEventEdge `json:"edges"`
+	PageInfo listEventsEventsEventConnectionPageInfo         `json:"pageInfo"`
+}
+
+// GetEdges returns listEventsEventsEventConnection.Edges, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnection) GetEdges() []listEventsEventsEventConnectionEdgesEventEdge {
+	return v.Edges
+}
+
+// GetPageInfo returns listEventsEventsEventConnection.PageInfo, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnection) GetPageInfo() listEventsEventsEventConnectionPageInfo {
+	return v.PageInfo
+}
+
+// listEventsEventsEventConnectionEdgesEventEdge includes the requested fields of the GraphQL type EventEdge.
+type listEventsEventsEventConnectionEdgesEventEdge struct {
+	Node listEventsEventsEventConnectionEdgesEventEdgeNodeEvent `json:"node"`
+}
+
+// GetNode returns listEventsEventsEventConnectionEdgesEventEdge.Node, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdge) GetNode() listEventsEventsEventConnectionEdgesEventEdgeNodeEvent {
+	return v.Node
+}
+
+// listEventsEventsEventConnectionEdgesEventEdgeNodeEvent includes the requested fields of the GraphQL type Event.
+type listEventsEventsEventConnectionEdgesEventEdgeNodeEvent struct {
+	EventFields `json:"-"`
+}
+
+// GetId returns listEventsEventsEventConnectionEdgesEventEdgeNodeEvent.Id, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) GetId() string {
+	return v.EventFields.Id
+}
+
+// GetEventId returns listEventsEventsEventConnectionEdgesEventEdgeNodeEvent.EventId, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) GetEventId() string {
+	return v.EventFields.EventId
+}
+
+// GetName returns listEventsEventsEventConnectionEdgesEventEdgeNodeEvent.Name, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) GetName() string {
+	return v.EventFields.Name
+}
+
+// GetPayload returns listEventsEventsEventConnectionEdgesEventEdgeNodeEvent.Payload, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) GetPayload() json.RawMessage {
+	return v.EventFields.Payload
+}
+
+// GetReceivedAt returns listEventsEventsEventConnectionEdgesEventEdgeNodeEvent.ReceivedAt, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) GetReceivedAt() time.Time {
+	return v.EventFields.ReceivedAt
+}
+
+// GetRuns returns listEventsEventsEventConnectionEdgesEventEdgeNodeEvent.Runs, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) GetRuns() []EventFieldsRunsEventRun {
+	return v.EventFields.Runs
+}
+
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*listEventsEventsEventConnectionEdgesEventEdgeNodeEvent
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.listEventsEventsEventConnectionEdgesEventEdgeNodeEvent = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.EventFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshallistEventsEventsEventConnectionEdgesEventEdgeNodeEvent struct {
+	Id string `json:"id"`
+
+	EventId string `json:"eventId"`
+
+	Name string `json:"name"`
+
+	Payload json.RawMessage `json:"payload"`
+
+	ReceivedAt time.Time `json:"receivedAt"`
+
+	Runs []EventFieldsRunsEventRun `json:"runs"`
+}
+
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *listEventsEventsEventConnectionEdgesEventEdgeNodeEvent) __premarshalJSON() (*__premarshallistEventsEventsEventConnectionEdgesEventEdgeNodeEvent, error) {
+	var retval __premarshallistEventsEventsEventConnectionEdgesEventEdgeNodeEvent
+
+	retval.Id = v.EventFields.Id
+	retval.EventId = v.EventFields.EventId
+	retval.Name = v.EventFields.Name
+	retval.Payload = v.EventFields.Payload
+	retval.ReceivedAt = v.EventFields.ReceivedAt
+	retval.Runs = v.EventFields.Runs
+	return &retval, nil
+}
+
+// listEventsEventsEventConnectionPageInfo includes the requested fields of the GraphQL type PageInfo.
+type listEventsEventsEventConnectionPageInfo struct {
+	HasNextPage bool    `json:"hasNextPage"`
+	EndCursor   *string `json:"endCursor"`
+}
+
+// GetHasNextPage returns listEventsEventsEventConnectionPageInfo.HasNextPage, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionPageInfo) GetHasNextPage() bool { return v.HasNextPage }
+
+// GetEndCursor returns listEventsEventsEventConnectionPageInfo.EndCursor, and is useful for accessing the field via an interface.
+func (v *listEventsEventsEventConnectionPageInfo) GetEndCursor() *string { return v.EndCursor }
+
+// listEventsResponse is returned by listEvents on success.
+type listEventsResponse struct {
+	// The tenant's events, newest first, optionally only those of one name,
+	// each with the runs it started. Needs runs:read.
+	Events listEventsEventsEventConnection `json:"events"`
+}
+
+// GetEvents returns listEventsResponse.Events, and is useful for accessing the field via an interface.
+func (v *listEventsResponse) GetEvents() listEventsEventsEventConnection { return v.Events }
 
 // listSchedulesResponse is returned by listSchedules on success.
 type listSchedulesResponse struct {
@@ -2270,6 +2624,131 @@ type pauseScheduleResponse struct {
 
 // GetPauseSchedule returns pauseScheduleResponse.PauseSchedule, and is useful for accessing the field via an interface.
 func (v *pauseScheduleResponse) GetPauseSchedule() pauseSchedulePauseSchedule { return v.PauseSchedule }
+
+// publishEventPublishEventPublishEventPayload includes the requested fields of the GraphQL type PublishEventPayload.
+type publishEventPublishEventPublishEventPayload struct {
+	// False when the id named an event already published.
+	Created bool                                             `json:"created"`
+	Event   publishEventPublishEventPublishEventPayloadEvent `json:"event"`
+}
+
+// GetCreated returns publishEventPublishEventPublishEventPayload.Created, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayload) GetCreated() bool { return v.Created }
+
+// GetEvent returns publishEventPublishEventPublishEventPayload.Event, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayload) GetEvent() publishEventPublishEventPublishEventPayloadEvent {
+	return v.Event
+}
+
+// publishEventPublishEventPublishEventPayloadEvent includes the requested fields of the GraphQL type Event.
+type publishEventPublishEventPublishEventPayloadEvent struct {
+	EventFields `json:"-"`
+}
+
+// GetId returns publishEventPublishEventPublishEventPayloadEvent.Id, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayloadEvent) GetId() string { return v.EventFields.Id }
+
+// GetEventId returns publishEventPublishEventPublishEventPayloadEvent.EventId, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayloadEvent) GetEventId() string {
+	return v.EventFields.EventId
+}
+
+// GetName returns publishEventPublishEventPublishEventPayloadEvent.Name, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayloadEvent) GetName() string {
+	return v.EventFields.Name
+}
+
+// GetPayload returns publishEventPublishEventPublishEventPayloadEvent.Payload, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayloadEvent) GetPayload() json.RawMessage {
+	return v.EventFields.Payload
+}
+
+// GetReceivedAt returns publishEventPublishEventPublishEventPayloadEvent.ReceivedAt, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayloadEvent) GetReceivedAt() time.Time {
+	return v.EventFields.ReceivedAt
+}
+
+// GetRuns returns publishEventPublishEventPublishEventPayloadEvent.Runs, and is useful for accessing the field via an interface.
+func (v *publishEventPublishEventPublishEventPayloadEvent) GetRuns() []EventFieldsRunsEventRun {
+	return v.EventFields.Runs
+}
+
+func (v *publishEventPublishEventPublishEventPayloadEvent) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*publishEventPublishEventPublishEventPayloadEvent
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.publishEventPublishEventPublishEventPayloadEvent = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.EventFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalpublishEventPublishEventPublishEventPayloadEvent struct {
+	Id string `json:"id"`
+
+	EventId string `json:"eventId"`
+
+	Name string `json:"name"`
+
+	Payload json.RawMessage `json:"payload"`
+
+	ReceivedAt time.Time `json:"receivedAt"`
+
+	Runs []EventFieldsRunsEventRun `json:"runs"`
+}
+
+func (v *publishEventPublishEventPublishEventPayloadEvent) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *publishEventPublishEventPublishEventPayloadEvent) __premarshalJSON() (*__premarshalpublishEventPublishEventPublishEventPayloadEvent, error) {
+	var retval __premarshalpublishEventPublishEventPublishEventPayloadEvent
+
+	retval.Id = v.EventFields.Id
+	retval.EventId = v.EventFields.EventId
+	retval.Name = v.EventFields.Name
+	retval.Payload = v.EventFields.Payload
+	retval.ReceivedAt = v.EventFields.ReceivedAt
+	retval.Runs = v.EventFields.Runs
+	return &retval, nil
+}
+
+// publishEventResponse is returned by publishEvent on success.
+type publishEventResponse struct {
+	// Publishes an event: records it and starts every workflow whose latest
+	// version has a trigger matching it, all in one transaction (the event is
+	// never recorded without its runs, nor runs started without the event).
+	// Each start is admitted like startRun's; one admission refuses is recorded
+	// as REFUSED with its code, and the others start. Publishing an id again
+	// answers the event recorded first (created: false) and starts nothing; the
+	// same id with another name or payload is CONFLICT. A publish takes one
+	// token of the tenant's start rate limit. Needs events:write.
+	PublishEvent publishEventPublishEventPublishEventPayload `json:"publishEvent"`
+}
+
+// GetPublishEvent returns publishEventResponse.PublishEvent, and is useful for accessing the field via an interface.
+func (v *publishEventResponse) GetPublishEvent() publishEventPublishEventPublishEventPayload {
+	return v.PublishEvent
+}
 
 // publishWorkflowVersionPublishWorkflowVersion includes the requested fields of the GraphQL type WorkflowVersion.
 type publishWorkflowVersionPublishWorkflowVersion struct {
@@ -3316,6 +3795,54 @@ func deleteSchedule(
 	return data_, err_
 }
 
+// The query executed by getEvent.
+const getEvent_Operation = `
+query getEvent ($id: ID!) {
+	event(id: $id) {
+		... EventFields
+	}
+}
+fragment EventFields on Event {
+	id
+	eventId
+	name
+	payload
+	receivedAt
+	runs {
+		workflowId
+		outcome
+		runId
+		errorCode
+		errorMessage
+	}
+}
+`
+
+func getEvent(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *getEventResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "getEvent",
+		Query:  getEvent_Operation,
+		Variables: &__getEventInput{
+			Id: id,
+		},
+	}
+
+	data_ = &getEventResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The query executed by getRun.
 const getRun_Operation = `
 query getRun ($id: ID!) {
@@ -3459,6 +3986,66 @@ func getSchedule(
 	return data_, err_
 }
 
+// The query executed by listEvents.
+const listEvents_Operation = `
+query listEvents ($name: String, $first: Int, $after: String) {
+	events(name: $name, first: $first, after: $after) {
+		edges {
+			node {
+				... EventFields
+			}
+		}
+		pageInfo {
+			hasNextPage
+			endCursor
+		}
+	}
+}
+fragment EventFields on Event {
+	id
+	eventId
+	name
+	payload
+	receivedAt
+	runs {
+		workflowId
+		outcome
+		runId
+		errorCode
+		errorMessage
+	}
+}
+`
+
+func listEvents(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	name *string,
+	first *int,
+	after *string,
+) (data_ *listEventsResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "listEvents",
+		Query:  listEvents_Operation,
+		Variables: &__listEventsInput{
+			Name:  name,
+			First: first,
+			After: after,
+		},
+	}
+
+	data_ = &listEventsResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The query executed by listSchedules.
 const listSchedules_Operation = `
 query listSchedules ($workflowId: ID, $first: Int, $after: String) {
@@ -3584,6 +4171,57 @@ func pauseSchedule(
 	}
 
 	data_ = &pauseScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by publishEvent.
+const publishEvent_Operation = `
+mutation publishEvent ($input: PublishEventInput!) {
+	publishEvent(input: $input) {
+		created
+		event {
+			... EventFields
+		}
+	}
+}
+fragment EventFields on Event {
+	id
+	eventId
+	name
+	payload
+	receivedAt
+	runs {
+		workflowId
+		outcome
+		runId
+		errorCode
+		errorMessage
+	}
+}
+`
+
+func publishEvent(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	input PublishEventInput,
+) (data_ *publishEventResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "publishEvent",
+		Query:  publishEvent_Operation,
+		Variables: &__publishEventInput{
+			Input: input,
+		},
+	}
+
+	data_ = &publishEventResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
