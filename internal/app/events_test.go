@@ -15,6 +15,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/tenants"
 )
 
 func postEvent(t *testing.T, sys *apptest.System, key string, body string) (int, map[string]any) {
@@ -144,4 +145,31 @@ func TestEventsEndpointConcurrently(t *testing.T) {
 	require.NoError(t, sys.Env.System.QueryRow(t.Context(), `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND workflow_id = $2`,
 		sys.Tenant, wf).Scan(&n))
 	assert.Equal(t, events, n)
+}
+
+// TestEventStartsAreAdmitted: the server's own admission applies to each
+// run an event starts, counting the runs the same publish started before
+// it; the refused one is recorded with its code and the event with the
+// rest commits.
+func TestEventStartsAreAdmitted(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	require.NoError(t, tenants.Update(t.Context(), sys.Deps.DB, sys.Tenant, tenants.UpdateParams{Limits: &tenants.Limits{MaxQueuedTasks: 1}}))
+	def := `{"triggers": [{"event": "job"}], "nodes": [{"id": "t", "type": "task", "task": {"handler": "work"}}]}`
+	first, second := sys.Workflow(def), sys.Workflow(def)
+	status, out := postEvent(t, sys, sys.APIKey(auth.ScopeEventsWrite), `{"id": "j-1", "name": "job"}`)
+	require.Equal(t, http.StatusOK, status, "%v", out)
+	runs := map[string]map[string]any{}
+	for _, r := range out["event"].(map[string]any)["runs"].([]any) {
+		m := r.(map[string]any)
+		runs[m["workflow_id"].(string)] = m
+	}
+	require.Len(t, runs, 2)
+	assert.Equal(t, "started", runs[first.String()]["outcome"]) // (workflow ids are v7: first sorts first)
+	assert.Equal(t, "refused", runs[second.String()]["outcome"])
+	assert.Nil(t, runs[second.String()]["run_id"])
+	assert.Equal(t, "QUOTA_EXCEEDED", runs[second.String()]["error"].(map[string]any)["code"])
+	var n int
+	require.NoError(t, sys.Env.System.QueryRow(t.Context(), `SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, sys.Tenant).Scan(&n))
+	assert.Equal(t, 1, n)
 }
