@@ -257,7 +257,12 @@ func ensureTemplate() (string, error) {
 	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
 		return "", err
 	}
+	// The template's comment says when a test process last used it: another
+	// checkout testing with other migrations at the same time (a worktree,
+	// a CI clone) keeps its own template.
+	used := fmt.Sprintf("COMMENT ON DATABASE %s IS '%d'", name, time.Now().Unix())
 	if exists {
+		_, _ = admin.Exec(ctx, used)
 		return name, nil
 	}
 	building := name + "_building"
@@ -279,25 +284,34 @@ func ensureTemplate() (string, error) {
 	if _, err := admin.Exec(ctx, "ALTER DATABASE "+building+" RENAME TO "+name); err != nil {
 		return "", err
 	}
+	_, _ = admin.Exec(ctx, used)
 	return name, nil
 }
 
-// removeStale drops templates of other migration sets and test databases
-// left behind by crashed runs more than two hours ago.
+// removeStale drops templates of other migration sets not used for two
+// hours and test databases left behind by crashed runs more than two hours
+// ago.
 func removeStale(ctx context.Context, admin *pgx.Conn, current string) {
-	rows, err := admin.Query(ctx, `SELECT datname FROM pg_database
+	rows, err := admin.Query(ctx, `SELECT datname, coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database
 		WHERE (datname LIKE 'composer\_tpl\_%' AND datname <> $1) OR datname LIKE 'composer\_t\_%'`, current)
 	if err != nil {
 		return
 	}
-	names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+	type db struct{ name, comment string }
+	dbs, _ := pgx.CollectRows(rows, func(r pgx.CollectableRow) (db, error) {
+		var d db
+		return d, r.Scan(&d.name, &d.comment)
+	})
 	cutoff := time.Now().Add(-2 * time.Hour).Unix()
-	for _, n := range names {
+	for _, d := range dbs {
+		n := d.name
 		if strings.HasPrefix(n, "composer_t_") {
 			parts := strings.SplitN(strings.TrimPrefix(n, "composer_t_"), "_", 2)
 			if ts, err := strconv.ParseInt(parts[0], 10, 64); err != nil || ts > cutoff {
 				continue
 			}
+		} else if ts, err := strconv.ParseInt(d.comment, 10, 64); err == nil && ts > cutoff {
+			continue // another checkout's template, in use
 		}
 		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+n+" WITH (FORCE)")
 	}
