@@ -81,6 +81,24 @@ psql_super() {
   fi
 }
 
+# The test suite runs many packages' tests at once, each test with its own
+# server pools: 100 connections (the default) run out. A cluster this script
+# manages gets PG_MAX_CONNECTIONS (default 400), with one restart, once.
+PG_MAX_CONNECTIONS=${COMPOSER_PG_MAX_CONNECTIONS:-400}
+ensure_max_connections() {
+  local have
+  have=$(psql_super -At -c 'show max_connections')
+  [ "$have" -ge "$PG_MAX_CONNECTIONS" ] && return 0
+  command -v pg_lsclusters >/dev/null 2>&1 || { log "max_connections is $have; raise it to $PG_MAX_CONNECTIONS for the test suite"; return 0; }
+  log "raising PostgreSQL max_connections from $have to $PG_MAX_CONNECTIONS (restart)"
+  psql_super -c "ALTER SYSTEM SET max_connections = $PG_MAX_CONNECTIONS" >/dev/null
+  pg_lsclusters -h | while read -r ver name port status _; do
+    if [ "$port" = "$PG_PORT" ]; then as_root pg_ctlcluster --skip-systemctl-redirect "$ver" "$name" restart; fi
+  done
+  for _ in $(seq 1 60); do pg_ready && return 0; sleep 0.5; done
+  log "PostgreSQL did not come back after the restart"; return 1
+}
+
 ensure_roles_and_db() {
   local major
   major=$(psql_super -At -c 'show server_version_num')
@@ -220,6 +238,7 @@ ensure_toolchain() {
 
 ensure_toolchain
 ensure_postgres
+ensure_max_connections
 ensure_roles_and_db
 ensure_redis
 ensure_redis_cluster
