@@ -38,7 +38,7 @@ const (
 
 // All lists every scenario in the order they run.
 var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
-	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput}
+	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -94,6 +94,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runBacklogAtQuota(ctx, o, &rep, n(100_000), 2*time.Minute)
 		case Tenants1:
 			r, err = runManyTenants(ctx, o, &rep, name, 1, n(2000), false)
+		case EventIngest:
+			r, err = runEventIngest(ctx, o, &rep, n(10_000))
 		case StartThroughput:
 			r, err = runStartThroughput(ctx, o, &rep, n(10_000))
 		case Tenants1Stream:
