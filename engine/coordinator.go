@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -305,7 +306,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			return fmt.Errorf("insert run: %w", err)
 		}
 		if len(meta) > 0 {
-			keys := sortedKeys(meta)
+			keys := slices.Sorted(maps.Keys(meta))
 			values := make([]string, len(keys))
 			for i, k := range keys {
 				values[i] = meta[k]

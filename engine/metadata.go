@@ -2,7 +2,8 @@ package engine
 
 import (
 	"encoding/json"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -23,7 +24,7 @@ func checkMetadata(field string, m map[string]string, maxKeys int) error {
 		return invalid(field, "has %d keys; at most %d", len(m), maxKeys)
 	}
 	size := 2
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		v := m[k]
 		if !dag.MetadataKey.MatchString(k) {
 			return invalid(field, "key %q must be 1-64 letters, digits, '_', '.' or '-', starting with a letter", k)
@@ -56,13 +57,4 @@ func invalid(field, format string, args ...any) error {
 	e := errs.E(errs.Invalid, field+": "+format, args...)
 	e.Fields = []errs.Field{{Field: field, Message: e.Message}}
 	return e
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -153,7 +155,7 @@ func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uui
 	var meta []string
 	if len(f.Metadata) > 0 {
 		order = "m.run_id"
-		keys := sortedKeys(f.Metadata)
+		keys := slices.Sorted(maps.Keys(f.Metadata))
 		meta = append(meta, "m.tenant_id = $1", "m.key = "+arg(keys[0]), "m.value = "+arg(f.Metadata[keys[0]]))
 		for _, k := range keys[1:] {
 			meta = append(meta, "EXISTS (SELECT 1 FROM run_metadata x WHERE x.tenant_id = $1 AND x.key = "+arg(k)+

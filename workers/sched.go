@@ -146,13 +146,6 @@ func (q *queueSched) heat(ts *tenantSched, now time.Time) {
 	q.hot[ts.route.tenant] = ts
 }
 
-// learn records a discovered tenant.
-func (q *queueSched) learn(t tenantShards) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.ensure(t)
-}
-
 // woke records a wake-up naming a tenant: it has new work, published at
 // the given active-set score (0 when the wake-up did not say).
 func (q *queueSched) woke(t tenantShards, published float64) {

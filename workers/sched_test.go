@@ -12,6 +12,13 @@ import (
 	"github.com/composer-dev/composer/engine/taskapi"
 )
 
+// learn makes a tenant known, as a first wake-up or discovery would.
+func (q *queueSched) learn(t tenantShards) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.ensure(t)
+}
+
 // simNow is the simulated clock serve advances.
 var simNow = time.Now()
 

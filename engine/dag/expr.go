@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -278,7 +280,7 @@ func (w *Workflow) EvalMetadata(input json.RawMessage) (map[string]string, error
 		return nil, err
 	}
 	out := make(map[string]string, len(w.metadata))
-	for _, k := range sortedKeysOf(w.metadata) {
+	for _, k := range slices.Sorted(maps.Keys(w.metadata)) {
 		v, err := w.metadata[k].evalWith(act)
 		if err != nil {
 			return nil, fmt.Errorf("metadata.%s: %w", k, err)
@@ -300,15 +302,6 @@ func (w *Workflow) EvalMetadata(input json.RawMessage) (map[string]string, error
 		}
 	}
 	return out, nil
-}
-
-func sortedKeysOf[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // evalObject evaluates a mapping into a JSON object of at most

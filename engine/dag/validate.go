@@ -3,9 +3,10 @@ package dag
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 )
@@ -309,7 +310,7 @@ func (w *Workflow) compile(ps *problems) {
 			}
 		}
 		n.input = make(map[string]*program, len(n.Input))
-		for _, k := range sortedKeys(n.Input) {
+		for _, k := range slices.Sorted(maps.Keys(n.Input)) {
 			field := "input." + k
 			p, err := compile(n.Input[k], false)
 			if err != nil {
@@ -321,7 +322,7 @@ func (w *Workflow) compile(ps *problems) {
 		}
 	}
 	w.output = make(map[string]*program, len(w.Output))
-	for _, k := range sortedKeys(w.Output) {
+	for _, k := range slices.Sorted(maps.Keys(w.Output)) {
 		field := "output." + k
 		if !inputKey.MatchString(k) {
 			ps.add("", "output", "key %q must be an identifier", k)
@@ -343,7 +344,7 @@ func (w *Workflow) compile(ps *problems) {
 		ps.add("", "metadata", "has %d keys; at most %d", len(w.Metadata), MaxMetadataKeys)
 	}
 	w.metadata = make(map[string]*program, len(w.Metadata))
-	for _, k := range sortedKeys(w.Metadata) {
+	for _, k := range slices.Sorted(maps.Keys(w.Metadata)) {
 		field := "metadata." + k
 		if !MetadataKey.MatchString(k) {
 			ps.add("", "metadata", "key %q must be 1-64 letters, digits, '_', '.' or '-', starting with a letter", k)
@@ -360,13 +361,4 @@ func (w *Workflow) compile(ps *problems) {
 		}
 		w.metadata[k] = p
 	}
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/composer-dev/composer/auth"
-	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
 
@@ -49,8 +48,7 @@ func runEventIngest(ctx context.Context, o Options, rep *Report, events int) (Re
 	if rep.Machine.CPUs == 0 {
 		rep.Machine = machine(ctx, e)
 	}
-	if err := tenants.Update(ctx, e.deps.DB, e.tenant, tenants.UpdateParams{Limits: &tenants.Limits{StartsPerSecond: 100_000, StartBurst: 100_000,
-		MaxQueuedTasks: 10_000_000}}); err != nil {
+	if err := e.unlimitedStarts(ctx); err != nil {
 		return Result{}, err
 	}
 	for _, name := range []string{"fulfil", "notify"} {

@@ -191,44 +191,9 @@ func (e *env) drive(ctx context.Context, wf uuid.UUID, k, total int) (map[uuid.U
 
 // driveFor is drive for any tenant.
 func (e *env) driveFor(ctx context.Context, tenant, wf uuid.UUID, k, total int) (map[uuid.UUID]time.Time, time.Duration, error) {
-	var mu sync.Mutex
-	starts := map[uuid.UUID]time.Time{}
-	var left atomic.Int64
-	left.Store(int64(total))
-	errc := make(chan error, k)
 	t0 := time.Now()
-	var wg sync.WaitGroup
-	for i := 0; i < k; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for left.Add(-1) >= 0 {
-				id, st, err := e.startRun(ctx, tenant, wf)
-				if err != nil {
-					errc <- err
-					return
-				}
-				mu.Lock()
-				starts[id] = st
-				mu.Unlock()
-				select {
-				case <-e.probe.wait(id):
-				case <-time.After(2 * time.Minute):
-					errc <- fmt.Errorf("run %s did not finish", id)
-					return
-				case <-ctx.Done():
-					errc <- ctx.Err()
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errc)
-	if err := <-errc; err != nil {
-		return nil, 0, err
-	}
-	return starts, time.Since(t0), nil
+	starts, err := e.driveSpread(ctx, func(int) tw { return tw{tenant, wf} }, k, total)
+	return starts, time.Since(t0), err
 }
 
 func runChains(ctx context.Context, o Options, rep *Report, name string, k, length, steps int) (Result, error) {
