@@ -43,18 +43,23 @@ var (
 
 // env is the CEL environment of every expression: `input` is the run input
 // and `nodes.<id>` holds {"status": ..., "output": ...} of finished nodes.
-// The standard extensions for strings, encoders, math and lists are on.
 func env() (*cel.Env, error) {
 	envOnce.Do(func() {
-		celEnv, envErr = cel.NewEnv(
+		celEnv, envErr = newEnv(
 			cel.Variable("input", cel.DynType),
-			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
-			ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
-			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
-			cel.ParserRecursionLimit(64),
-		)
+			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)))
 	})
 	return celEnv, envErr
+}
+
+// newEnv is a CEL environment of the given variables with what every
+// expression gets: the standard extensions for strings, encoders, math and
+// lists, and bounds on size and nesting.
+func newEnv(vars ...cel.EnvOption) (*cel.Env, error) {
+	return cel.NewEnv(append(vars,
+		ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
+		cel.ParserExpressionSizeLimit(MaxExpressionBytes),
+		cel.ParserRecursionLimit(64))...)
 }
 
 type program struct {
@@ -70,24 +75,31 @@ func compile(src string, wantBool bool) (*program, error) {
 	if err != nil {
 		return nil, err
 	}
+	p, _, err := compileIn(e, src, wantBool)
+	return p, err
+}
+
+// compileIn checks and plans src in e, returning the checked AST too.
+func compileIn(e *cel.Env, src string, wantBool bool) (*program, *ast.AST, error) {
 	if strings.TrimSpace(src) == "" {
-		return nil, errors.New("expression is empty")
+		return nil, nil, errors.New("expression is empty")
 	}
 	checked, iss := e.Compile(src)
 	if iss != nil && iss.Err() != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
 	}
 	if wantBool {
 		out := checked.OutputType()
 		if !out.IsExactType(types.BoolType) && !out.IsExactType(types.DynType) {
-			return nil, fmt.Errorf("must be a boolean expression, not %s", out)
+			return nil, nil, fmt.Errorf("must be a boolean expression, not %s", out)
 		}
 	}
 	prg, err := e.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
 	if err != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
+		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
 	}
-	return &program{source: src, prg: prg, refs: nodeRefs(checked.NativeRep())}, nil
+	native := checked.NativeRep()
+	return &program{source: src, prg: prg, refs: nodeRefs(native)}, native, nil
 }
 
 func oneLine(s string) string {
