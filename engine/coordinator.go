@@ -194,6 +194,9 @@ type StartRun struct {
 	// override the keys the workflow's own metadata mapping derives from
 	// the input.
 	Metadata map[string]string
+
+	// parent is set for the child run a workflow node starts (child.go).
+	parent *parentLink
 }
 
 // Started is StartRun's answer.
@@ -302,8 +305,15 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		if err != nil {
 			return err
 		}
+		var parentRun, parentTask *uuid.UUID
+		var parentNode *string
+		depth := 0
+		if l := req.parent; l != nil {
+			parentRun, parentTask, parentNode, depth = &l.run, &l.task, &l.node, l.depth
+		}
 		err = tx.QueryRow(ctx, qInsertRun,
-			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta)).Scan(&now)
+			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta),
+			parentRun, parentTask, parentNode, depth).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -326,7 +336,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			return err // the input would be amplified past the bound: refuse the start, write nothing
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open}
+			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open, parent: req.parent, depth: depth}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
 			return err
 		}
@@ -717,12 +727,16 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 		var kind, node string
 		var task *uuid.UUID
 		var attempt *int
-		err := tx.QueryRow(ctx, qTakeTimer, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt)
+		var detail []byte
+		err := tx.QueryRow(ctx, qTakeTimer, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt, &detail)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ignored("timer %d already fired", timerID)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("take timer: %w", err)
+		}
+		if kind == timerChildFinished || kind == timerParentCancelled {
+			return childEvent(ctx, tx, tx.Tenant, runID, kind, node, task, detail)
 		}
 		ev := sm.TimerFired{Kind: sm.TimerKind(kind), NodeID: node}
 		if task != nil {
@@ -875,7 +889,8 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 		return ack, ignoredError{tr.Reason}
 	}
 	p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open}
+		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open,
+		parent: row.parent, depth: row.depth}
 	for id, t := range run.Tasks {
 		p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 	}
@@ -893,6 +908,8 @@ type runRow struct {
 	workflowID uuid.UUID
 	version    int
 	now        time.Time
+	parent     *parentLink
+	depth      int
 	// started is when each running task's lease was granted, by node.
 	started map[string]time.Time
 }
@@ -906,8 +923,16 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, 
 	var row runRow
 	var status string
 	var input []byte
+	var parentRun, parentTask *uuid.UUID
+	var parentNode *string
 	b.Queue(qLockRun, tx.Tenant, runID).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now) })
+		QueryRow(func(r pgx.Row) error {
+			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth)
+			if err == nil && parentRun != nil && parentTask != nil && parentNode != nil {
+				row.parent = &parentLink{run: *parentRun, task: *parentTask, node: *parentNode, depth: row.depth}
+			}
+			return err
+		})
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	row.started = map[string]time.Time{}
 	b.Queue(qRunTasks, tx.Tenant, runID).
@@ -1005,7 +1030,7 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUI
 		if dispatched && c.opts.Wake != nil {
 			c.opts.Wake()
 		}
-		if timers && c.opts.WakeTimers != nil {
+		if (timers || p.wakeTimers) && c.opts.WakeTimers != nil {
 			c.opts.WakeTimers()
 		}
 		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal)

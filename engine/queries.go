@@ -32,6 +32,10 @@ type RunView struct {
 	CreatedAt       time.Time         `json:"created_at"`
 	UpdatedAt       time.Time         `json:"updated_at"`
 	FinishedAt      *time.Time        `json:"finished_at,omitempty"`
+	// ParentRunID and ParentNode name the run and node that started this
+	// one, for a child run.
+	ParentRunID *uuid.UUID `json:"parent_run_id,omitempty"`
+	ParentNode  *string    `json:"parent_node,omitempty"`
 	// Snapshot, when set, holds the run's tasks and workflow as read with
 	// it (a live update read once and given to every subscriber): readers
 	// use them rather than loading their own.
@@ -63,14 +67,17 @@ type TaskView struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	StartedAt   *time.Time      `json:"started_at,omitempty"`
 	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
+	// ChildRunID is the child run a workflow task (or map element) started.
+	ChildRunID *uuid.UUID `json:"child_run_id,omitempty"`
 }
 
-const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata`
+const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata,
+	parent_run_id, parent_node`
 
 func scanRun(row pgx.Row) (RunView, error) {
 	var r RunView
 	err := row.Scan(&r.ID, &r.WorkflowID, &r.WorkflowVersion, &r.Status, &r.Input, &r.Output, &r.Error, &r.IdempotencyKey,
-		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata)
+		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode)
 	return r, err
 }
 
@@ -86,8 +93,10 @@ func GetRun(ctx context.Context, tx *pg.Tx, id uuid.UUID) (RunView, error) {
 	return r, nil
 }
 
-const taskColumns = `id, run_id, node_id, node_type, queue, config->'task'->>'handler', state, attempt, max_attempts, input, output, last_error,
-	skip_reason, created_at, started_at, finished_at`
+const taskColumns = `t.id, t.run_id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler', t.state, t.attempt, t.max_attempts, t.input,
+	t.output, t.last_error, t.skip_reason, t.created_at, t.started_at, t.finished_at,
+	CASE WHEN t.node_type = 'workflow' THEN (SELECT c.id FROM workflow_runs c
+	  WHERE c.tenant_id = t.tenant_id AND c.parent_run_id = t.run_id AND c.parent_task_id = t.id ORDER BY c.id DESC LIMIT 1) END`
 
 // TasksOfRuns reads the tasks of the given runs, in creation order.
 func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, error) {
@@ -98,7 +107,7 @@ func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, 
 	var out []TaskView
 	var t TaskView
 	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.RunID, &t.NodeID, &t.NodeType, &t.Queue, &t.Handler, &t.State, &t.Attempt, &t.MaxAttempts,
-		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt}, func() error {
+		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.ChildRunID}, func() error {
 		c := t
 		out = append(out, c)
 		return nil
@@ -408,8 +417,9 @@ const (
 	// coordinator
 	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
 				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
-	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata)
-			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9) RETURNING created_at`
+	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata,
+				parent_run_id, parent_task_id, parent_node, depth)
+			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13) RETURNING created_at`
 	qInsertRunMetadata = `INSERT INTO run_metadata (tenant_id, run_id, key, value) SELECT $1, $2, k, v FROM unnest($3::text[], $4::text[]) AS m(k, v)`
 	qIdempotentRun     = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
 		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
@@ -427,9 +437,9 @@ const (
 	qSignalSeen = `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
 				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2)`
 	qTakeTimer = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
-			RETURNING kind, coalesce(node_id, ''), task_id, attempt`
+			RETURNING kind, coalesce(node_id, ''), task_id, attempt, detail`
 	qLockRun = `UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
-		RETURNING workflow_id, workflow_version, status, input, now()`
+		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth`
 	qRunTasks          = `SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`
 	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`
@@ -513,7 +523,7 @@ const (
 	qDeleteRunEventWaits = `DELETE FROM event_waits WHERE tenant_id = $1 AND run_id = $2`
 	// queries
 	qGetRun      = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
-	qTasksOfRuns = `SELECT ` + taskColumns + ` FROM task_instances WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id, id`
+	qTasksOfRuns = `SELECT ` + taskColumns + ` FROM task_instances t WHERE t.tenant_id = $1 AND t.run_id = ANY($2) ORDER BY t.run_id, t.id`
 	qTimeline    = `SELECT id, kind, node_id, task_id, attempt, detail, created_at FROM run_events
 		WHERE tenant_id = $1 AND run_id = $2 ORDER BY id LIMIT $3`
 	qListWorkflows = `SELECT ` + workflowColumns + ` FROM workflow_definitions

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"sync"
 	"time"
 
@@ -39,8 +38,6 @@ type Version struct {
 	CreatedAt  time.Time
 }
 
-var workflowName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 // invalidDefinition turns a dag validation error into an Invalid error whose
 // fields name each node and field.
 func invalidDefinition(err error) error {
@@ -58,7 +55,7 @@ func invalidDefinition(err error) error {
 // CreateWorkflow creates a workflow with its first version. An invalid
 // definition or a taken name changes nothing.
 func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name, description string, definition []byte) (Workflow, Version, error) {
-	if !workflowName.MatchString(name) {
+	if !dag.WorkflowName.MatchString(name) {
 		return Workflow{}, Version{}, errs.E(errs.Invalid, "workflow name must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit")
 	}
 	if len(description) > 2000 {
@@ -135,6 +132,18 @@ type compiled struct {
 	config map[string]json.RawMessage
 }
 
+// configOf is the task config of a node, or of a map element (its map's
+// step's); nil for nodes that run on no worker.
+func (c *compiled) configOf(node string) []byte {
+	if cfg, ok := c.config[node]; ok {
+		return cfg
+	}
+	if base, _, ok := dag.ParseItemID(node); ok {
+		return c.config[base]
+	}
+	return nil
+}
+
 // defCache holds compiled definitions. Versions are immutable, so an entry
 // never goes stale; the cache is only bounded.
 type defCache struct {
@@ -177,6 +186,9 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	for _, n := range wf.Nodes {
 		if n.Type.RunsOnWorker() {
 			c.config[n.ID] = nodeConfig(n)
+		}
+		if n.Map != nil && n.Map.Step.Type.RunsOnWorker() {
+			c.config[n.ID] = nodeConfig(n.Map.Step) // (its elements')
 		}
 	}
 	d.mu.Lock()

@@ -216,6 +216,8 @@ type ComplexityRoot struct {
 		Input           func(childComplexity int) int
 		Metadata        func(childComplexity int) int
 		Output          func(childComplexity int) int
+		ParentNode      func(childComplexity int) int
+		ParentRunID     func(childComplexity int) int
 		RerunOf         func(childComplexity int) int
 		Status          func(childComplexity int) int
 		Tasks           func(childComplexity int) int
@@ -319,6 +321,7 @@ type ComplexityRoot struct {
 
 	Task struct {
 		Attempt     func(childComplexity int) int
+		ChildRunID  func(childComplexity int) int
 		CreatedAt   func(childComplexity int) int
 		FinishedAt  func(childComplexity int) int
 		Handler     func(childComplexity int) int
@@ -1478,6 +1481,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Run.Output(childComplexity), true
+	case "Run.parentNode":
+		if e.ComplexityRoot.Run.ParentNode == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.ParentNode(childComplexity), true
+	case "Run.parentRunId":
+		if e.ComplexityRoot.Run.ParentRunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.ParentRunID(childComplexity), true
 	case "Run.rerunOf":
 		if e.ComplexityRoot.Run.RerunOf == nil {
 			break
@@ -1912,6 +1927,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Task.Attempt(childComplexity), true
+	case "Task.childRunId":
+		if e.ComplexityRoot.Task.ChildRunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.ChildRunID(childComplexity), true
 	case "Task.createdAt":
 		if e.ComplexityRoot.Task.CreatedAt == nil {
 			break
@@ -2936,6 +2957,10 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_metadata(ctx, field)
 	case "rerunOf":
 		return ec.fieldContext_Run_rerunOf(ctx, field)
+	case "parentRunId":
+		return ec.fieldContext_Run_parentRunId(ctx, field)
+	case "parentNode":
+		return ec.fieldContext_Run_parentNode(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Run_createdAt(ctx, field)
 	case "updatedAt":
@@ -3150,6 +3175,8 @@ func (ec *executionContext) childFields_Task(ctx context.Context, field graphql.
 		return ec.fieldContext_Task_lastError(ctx, field)
 	case "skipReason":
 		return ec.fieldContext_Task_skipReason(ctx, field)
+	case "childRunId":
+		return ec.fieldContext_Task_childRunId(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Task_createdAt(ctx, field)
 	case "startedAt":
@@ -8153,6 +8180,52 @@ func (ec *executionContext) fieldContext_Run_rerunOf(_ context.Context, field gr
 	return graphql.NewScalarFieldContext("Run", field, false, false, "ID")
 }
 
+func (ec *executionContext) _Run_parentRunId(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_parentRunId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ParentRunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Run_parentRunId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Run_parentNode(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_parentNode(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ParentNode, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Run_parentNode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "String")
+}
+
 func (ec *executionContext) _Run_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10082,6 +10155,29 @@ func (ec *executionContext) _Task_skipReason(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_Task_skipReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_childRunId(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_childRunId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ChildRunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_childRunId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Task_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
@@ -15319,6 +15415,16 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "parentRunId":
+			out.Values[i] = ec._Run_parentRunId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "parentNode":
+			out.Values[i] = ec._Run_parentNode(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		case "createdAt":
 			out.Values[i] = ec._Run_createdAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -16020,6 +16126,11 @@ func (ec *executionContext) _Task(ctx context.Context, sel ast.SelectionSet, obj
 			}
 		case "skipReason":
 			out.Values[i] = ec._Task_skipReason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "childRunId":
+			out.Values[i] = ec._Task_childRunId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}

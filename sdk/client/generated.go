@@ -201,7 +201,10 @@ type RunFields struct {
 	CreatedAt       time.Time         `json:"createdAt"`
 	UpdatedAt       time.Time         `json:"updatedAt"`
 	FinishedAt      *time.Time        `json:"finishedAt"`
-	// Every node's task, in creation order.
+	// For a child run: the run whose workflow node (or map element) started it, and that node's id.
+	ParentRunId *string `json:"parentRunId"`
+	ParentNode  *string `json:"parentNode"`
+	// Every node's task (and every map element's), in creation order.
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -238,6 +241,12 @@ func (v *RunFields) GetUpdatedAt() time.Time { return v.UpdatedAt }
 // GetFinishedAt returns RunFields.FinishedAt, and is useful for accessing the field via an interface.
 func (v *RunFields) GetFinishedAt() *time.Time { return v.FinishedAt }
 
+// GetParentRunId returns RunFields.ParentRunId, and is useful for accessing the field via an interface.
+func (v *RunFields) GetParentRunId() *string { return v.ParentRunId }
+
+// GetParentNode returns RunFields.ParentNode, and is useful for accessing the field via an interface.
+func (v *RunFields) GetParentNode() *string { return v.ParentNode }
+
 // GetTasks returns RunFields.Tasks, and is useful for accessing the field via an interface.
 func (v *RunFields) GetTasks() []RunFieldsTasksTask { return v.Tasks }
 
@@ -256,6 +265,8 @@ type RunFieldsTasksTask struct {
 	LastError   *json.RawMessage `json:"lastError"`
 	StartedAt   *time.Time       `json:"startedAt"`
 	FinishedAt  *time.Time       `json:"finishedAt"`
+	// For a workflow node (or a map element of a workflow step): the child run it started.
+	ChildRunId *string `json:"childRunId"`
 }
 
 // GetId returns RunFieldsTasksTask.Id, and is useful for accessing the field via an interface.
@@ -293,6 +304,9 @@ func (v *RunFieldsTasksTask) GetStartedAt() *time.Time { return v.StartedAt }
 
 // GetFinishedAt returns RunFieldsTasksTask.FinishedAt, and is useful for accessing the field via an interface.
 func (v *RunFieldsTasksTask) GetFinishedAt() *time.Time { return v.FinishedAt }
+
+// GetChildRunId returns RunFieldsTasksTask.ChildRunId, and is useful for accessing the field via an interface.
+func (v *RunFieldsTasksTask) GetChildRunId() *string { return v.ChildRunId }
 
 // RunFieldsWorkflow includes the requested fields of the GraphQL type Workflow.
 type RunFieldsWorkflow struct {
@@ -1025,6 +1039,12 @@ func (v *cancelRunCancelRun) GetUpdatedAt() time.Time { return v.RunFields.Updat
 // GetFinishedAt returns cancelRunCancelRun.FinishedAt, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetFinishedAt() *time.Time { return v.RunFields.FinishedAt }
 
+// GetParentRunId returns cancelRunCancelRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+
+// GetParentNode returns cancelRunCancelRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetParentNode() *string { return v.RunFields.ParentNode }
+
 // GetTasks returns cancelRunCancelRun.Tasks, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
 
@@ -1076,6 +1096,10 @@ type __premarshalcancelRunCancelRun struct {
 
 	FinishedAt *time.Time `json:"finishedAt"`
 
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -1101,6 +1125,8 @@ func (v *cancelRunCancelRun) __premarshalJSON() (*__premarshalcancelRunCancelRun
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
+	retval.ParentRunId = v.RunFields.ParentRunId
+	retval.ParentNode = v.RunFields.ParentNode
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -1546,6 +1572,12 @@ func (v *getRunRun) GetUpdatedAt() time.Time { return v.RunFields.UpdatedAt }
 // GetFinishedAt returns getRunRun.FinishedAt, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetFinishedAt() *time.Time { return v.RunFields.FinishedAt }
 
+// GetParentRunId returns getRunRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+
+// GetParentNode returns getRunRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetParentNode() *string { return v.RunFields.ParentNode }
+
 // GetTasks returns getRunRun.Tasks, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
 
@@ -1597,6 +1629,10 @@ type __premarshalgetRunRun struct {
 
 	FinishedAt *time.Time `json:"finishedAt"`
 
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -1622,6 +1658,8 @@ func (v *getRunRun) __premarshalJSON() (*__premarshalgetRunRun, error) {
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
+	retval.ParentRunId = v.RunFields.ParentRunId
+	retval.ParentNode = v.RunFields.ParentNode
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -3138,6 +3176,12 @@ func (v *startRunStartRunStartRunPayloadRun) GetFinishedAt() *time.Time {
 	return v.RunFields.FinishedAt
 }
 
+// GetParentRunId returns startRunStartRunStartRunPayloadRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+
+// GetParentNode returns startRunStartRunStartRunPayloadRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetParentNode() *string { return v.RunFields.ParentNode }
+
 // GetTasks returns startRunStartRunStartRunPayloadRun.Tasks, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetTasks() []RunFieldsTasksTask {
 	return v.RunFields.Tasks
@@ -3191,6 +3235,10 @@ type __premarshalstartRunStartRunStartRunPayloadRun struct {
 
 	FinishedAt *time.Time `json:"finishedAt"`
 
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -3216,6 +3264,8 @@ func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalst
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
+	retval.ParentRunId = v.RunFields.ParentRunId
+	retval.ParentNode = v.RunFields.ParentNode
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -3627,6 +3677,8 @@ fragment RunFields on Run {
 	createdAt
 	updatedAt
 	finishedAt
+	parentRunId
+	parentNode
 	tasks {
 		id
 		nodeId
@@ -3640,6 +3692,7 @@ fragment RunFields on Run {
 		lastError
 		startedAt
 		finishedAt
+		childRunId
 	}
 }
 `
@@ -3876,6 +3929,8 @@ fragment RunFields on Run {
 	createdAt
 	updatedAt
 	finishedAt
+	parentRunId
+	parentNode
 	tasks {
 		id
 		nodeId
@@ -3889,6 +3944,7 @@ fragment RunFields on Run {
 		lastError
 		startedAt
 		finishedAt
+		childRunId
 	}
 }
 `
@@ -4448,6 +4504,8 @@ fragment RunFields on Run {
 	createdAt
 	updatedAt
 	finishedAt
+	parentRunId
+	parentNode
 	tasks {
 		id
 		nodeId
@@ -4461,6 +4519,7 @@ fragment RunFields on Run {
 		lastError
 		startedAt
 		finishedAt
+		childRunId
 	}
 }
 `
