@@ -288,11 +288,11 @@ func Timeline(ctx context.Context, tx *pg.Tx, run uuid.UUID, limit int) ([]RunEv
 	return out, nil
 }
 
-const workflowColumns = `id, name, description, latest_version, created_at, updated_at`
+const workflowColumns = `id, name, description, latest_version, created_at, updated_at, paused_at, pause_reason`
 
 func scanWorkflow(row pgx.Row) (Workflow, error) {
 	var w Workflow
-	err := row.Scan(&w.ID, &w.Name, &w.Description, &w.LatestVersion, &w.CreatedAt, &w.UpdatedAt)
+	err := row.Scan(&w.ID, &w.Name, &w.Description, &w.LatestVersion, &w.CreatedAt, &w.UpdatedAt, &w.PausedAt, &w.PauseReason)
 	return w, err
 }
 

@@ -302,6 +302,8 @@ func (v *RunFieldsWorkflow) GetName() string { return v.Name }
 type RunStatus string
 
 const (
+	// Created while its workflow was paused: nothing runs until the workflow is resumed.
+	RunStatusQueued    RunStatus = "QUEUED"
 	RunStatusRunning   RunStatus = "RUNNING"
 	RunStatusCompleted RunStatus = "COMPLETED"
 	RunStatusFailed    RunStatus = "FAILED"
@@ -309,6 +311,7 @@ const (
 )
 
 var AllRunStatus = []RunStatus{
+	RunStatusQueued,
 	RunStatusRunning,
 	RunStatusCompleted,
 	RunStatusFailed,
