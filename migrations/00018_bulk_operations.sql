@@ -66,8 +66,8 @@ CREATE TABLE bulk_operations (
     PRIMARY KEY (tenant_id, id),
     UNIQUE (tenant_id, idempotency_key)
 );
-CREATE INDEX bulk_operations_due ON bulk_operations (next_batch_at) WHERE status = 'running';
-CREATE INDEX bulk_operations_finished ON bulk_operations (finished_at) WHERE status <> 'running';
+CREATE INDEX bulk_operations_due_sweep ON bulk_operations (next_batch_at) WHERE status = 'running';
+CREATE INDEX bulk_operations_finished_sweep ON bulk_operations (finished_at) WHERE status <> 'running';
 
 CREATE TABLE bulk_operation_runs (
     tenant_id    uuid NOT NULL,
