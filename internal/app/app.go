@@ -141,12 +141,12 @@ type Server struct {
 	// Schedules fires the tenants' schedules.
 	Schedules *schedules.Firer
 	// Bulk works the tenants' bulk operations.
-	Bulk *engine.BulkRunner
-	Authn     *auth.Authenticator
-	Authz     *auth.Authorizer
-	Live      *graph.Live
-	Limiter   *tenants.RateLimiter
-	slots     *tenants.Slots
+	Bulk    *engine.BulkRunner
+	Authn   *auth.Authenticator
+	Authz   *auth.Authorizer
+	Live    *graph.Live
+	Limiter *tenants.RateLimiter
+	slots   *tenants.Slots
 	// Poller serves tenant workers' polls.
 	Poller *taskpoll.Poller
 	// Mux is the public listener's; Admin the operator's (metrics, health).
