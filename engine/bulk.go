@@ -360,7 +360,7 @@ type BulkRunner struct {
 	Owner string
 	// Batch bounds the runs of one batch (default BulkBatch).
 	Batch int
-	// Parallel bounds the runs of a batch changed at once (default 4).
+	// Parallel bounds the runs of a batch changed at once (default 2).
 	Parallel int
 	// Lease is how long a claimed job is this runner's (default 30s).
 	Lease time.Duration
@@ -390,7 +390,7 @@ func (b *BulkRunner) init() {
 			b.Batch = BulkBatch
 		}
 		if b.Parallel <= 0 {
-			b.Parallel = 4
+			b.Parallel = 2
 		}
 		if b.Lease <= 0 {
 			b.Lease = 30 * time.Second
