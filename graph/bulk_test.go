@@ -1,15 +1,20 @@
 package graph_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/workers"
 )
 
 type bulkView struct {
@@ -158,4 +163,67 @@ func TestPauseAndResumeAWorkflowOverGraphQL(t *testing.T) {
 		}
 	}
 	require.Eventually(t, func() bool { return a.bulkOp(t, sys, resumed.ResumeWorkflow.Resume.ID).Status == "COMPLETED" }, 20*time.Second, 50*time.Millisecond)
+}
+
+// TestPausedQueueHoldsTasksFromARealWorker: with a real server and worker,
+// a paused queue runs nothing new — the messages the worker reads are
+// refused at lease and dropped — while the step that was running finishes
+// (and its eager successor is not taken); resuming dispatches again what
+// was held and every task runs exactly once.
+func TestPausedQueueHoldsTasksFromARealWorker(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	runs := map[uuid.UUID]int{}
+	release := make(chan struct{})
+	sys.StartWorker(apptest.WorkerOptions{Noop: workers.ExecutorFunc(func(ctx context.Context, tk workers.Task) (json.RawMessage, error) {
+		mu.Lock()
+		runs[tk.ID]++
+		mu.Unlock()
+		if strings.Contains(string(tk.Input), "slow") {
+			<-release
+		}
+		return json.RawMessage(`{}`), nil
+	})})
+	executed := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(runs)
+	}
+	chain := sys.Workflow(`{"nodes":[{"id":"a","type":"noop","input":{"slow":"input.slow"}},{"id":"b","type":"noop","depends_on":["a"]},{"id":"c","type":"noop","depends_on":["b"]}]}`)
+	first := sys.StartRun(chain, `{"slow":"slow"}`)
+	require.Eventually(t, func() bool { return executed() == 1 }, 10*time.Second, 10*time.Millisecond, "the first step is running")
+
+	_, err := sys.Coordinator().PauseQueue(ctx, sys.Tenant, "default", "test", "tester")
+	require.NoError(t, err)
+	var held []uuid.UUID
+	for i := 0; i < 30; i++ {
+		held = append(held, sys.StartRun(chain, `{"slow":"no"}`))
+	}
+	close(release) // the running step finishes
+	require.Eventually(t, func() bool {
+		_, tasks := sys.Run(first)
+		return tasks["a"].State == "completed"
+	}, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
+	assert.Equal(t, 1, executed(), "nothing ran while the queue was paused")
+	for _, id := range append(held, first) {
+		run, _ := sys.Run(id)
+		assert.Equal(t, "running", run.Status)
+	}
+
+	n, err := sys.Coordinator().ResumeQueue(ctx, sys.Tenant, "default")
+	require.NoError(t, err)
+	t.Logf("%d held tasks dispatched again at resume", n)
+	for _, id := range append(held, first) {
+		run, _ := sys.WaitRun(id, 30*time.Second)
+		require.Equal(t, "completed", run.Status)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Len(t, runs, 31*3, "every task ran")
+	for id, n := range runs {
+		assert.Equal(t, 1, n, "task %s ran %d times", id, n)
+	}
 }
