@@ -185,3 +185,23 @@ func TestPausedQueueHoldsItsTasks(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 }
+
+// TestEventsIntoAPausedWorkflowQueueTheirRuns: an event trigger's start is
+// queued like any other while the workflow is paused (the event records it
+// as started), and the resume starts it.
+func TestEventsIntoAPausedWorkflowQueueTheirRuns(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(triggered(`[{"event": "order.created"}]`))
+	_, err := f.c.PauseWorkflow(ctx, f.tenant, wf, "")
+	require.NoError(t, err)
+	p := f.publish("order.created", "e1", `{}`)
+	require.Len(t, p.Runs, 1)
+	require.Equal(t, EventRunStarted, p.Runs[0].Outcome)
+	require.Equal(t, RunQueued, f.runStatus(p.Runs[0].RunID))
+	_, op, err := f.c.ResumeWorkflow(ctx, f.tenant, wf, "")
+	require.NoError(t, err)
+	f.drain(op.ID, f.runner("r"))
+	require.Equal(t, sm.RunRunning, f.runStatus(p.Runs[0].RunID))
+	f.mustTask(p.Runs[0].RunID, "a")
+}
