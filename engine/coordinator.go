@@ -50,6 +50,9 @@ type Options struct {
 	// is written, whether the tenant may start it (quotas, spend caps); its
 	// error is returned as is and nothing is written.
 	Admit func(ctx context.Context, tx *pg.Tx) error
+	// BulkWake, when set, is called after a commit that created a bulk
+	// operation, so a bulk runner in the same process starts it at once.
+	BulkWake func()
 	// Slots, when set, enforces each tenant's running-task quota when leases
 	// are granted (see SlotGate); without it there is no such quota.
 	Slots SlotGate
@@ -252,9 +255,16 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 	var out Started
 	var tr sm.Transition
 	err := func() error {
-		wid, version, err := resolveWorkflow(ctx, tx, req)
+		wid, version, paused, err := resolveWorkflow(ctx, tx, req)
 		if err != nil {
 			return err
+		}
+		if paused {
+			// See pause.go: the lock makes a resume wait for this start (or
+			// this start see the resume), so no queued run is left behind.
+			if paused, err = lockPausedWorkflow(ctx, tx, wid); err != nil {
+				return err
+			}
 		}
 		runID := uuid.Must(uuid.NewV7())
 		if req.IdempotencyKey != "" {
@@ -311,9 +321,13 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		if l := req.parent; l != nil {
 			parentRun, parentTask, parentNode, depth = &l.run, &l.task, &l.node, l.depth
 		}
+		status := sm.RunRunning
+		if paused {
+			status = RunQueued
+		}
 		err = tx.QueryRow(ctx, qInsertRun,
 			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta),
-			parentRun, parentTask, parentNode, depth).Scan(&now)
+			parentRun, parentTask, parentNode, depth, string(status)).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -326,6 +340,10 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			if _, err := tx.Exec(ctx, qInsertRunMetadata, tenant, runID, keys, values); err != nil {
 				return fmt.Errorf("insert run metadata: %w", err)
 			}
+		}
+		if paused {
+			out, err = c.queueRun(ctx, tx, runID, open)
+			return err
 		}
 		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
 		tr = sm.Decide(def.wf, run, sm.RunStarted{}, now)
@@ -409,32 +427,35 @@ func normalizeInput(in json.RawMessage) (json.RawMessage, error) {
 	return in, nil
 }
 
-func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, int, error) {
+// resolveWorkflow finds the workflow and version a start names, and
+// whether the workflow is paused.
+func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, int, bool, error) {
 	var id uuid.UUID
 	var latest int
+	var paused bool
 	var err error
 	switch {
 	case req.WorkflowID != uuid.Nil:
-		err = tx.QueryRow(ctx, qWorkflowByID, tx.Tenant, req.WorkflowID).Scan(&id, &latest)
+		err = tx.QueryRow(ctx, qWorkflowByID, tx.Tenant, req.WorkflowID).Scan(&id, &latest, &paused)
 	case req.WorkflowName != "":
-		err = tx.QueryRow(ctx, qWorkflowByName, tx.Tenant, req.WorkflowName).Scan(&id, &latest)
+		err = tx.QueryRow(ctx, qWorkflowByName, tx.Tenant, req.WorkflowName).Scan(&id, &latest, &paused)
 	default:
-		return uuid.Nil, 0, errs.E(errs.Invalid, "name a workflow by id or name")
+		return uuid.Nil, 0, false, errs.E(errs.Invalid, "name a workflow by id or name")
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return uuid.Nil, 0, errs.E(errs.NotFound, "workflow not found")
+		return uuid.Nil, 0, false, errs.E(errs.NotFound, "workflow not found")
 	}
 	if err != nil {
-		return uuid.Nil, 0, fmt.Errorf("resolve workflow: %w", err)
+		return uuid.Nil, 0, false, fmt.Errorf("resolve workflow: %w", err)
 	}
 	v := req.Version
 	if v == 0 {
 		v = latest
 	}
 	if v > latest {
-		return uuid.Nil, 0, errs.E(errs.NotFound, "workflow version %d not found (latest is %d)", v, latest)
+		return uuid.Nil, 0, false, errs.E(errs.NotFound, "workflow version %d not found (latest is %d)", v, latest)
 	}
-	return id, v, nil
+	return id, v, paused, nil
 }
 
 // requestHash identifies what an idempotent start asked for.
@@ -655,7 +676,12 @@ func (c *Coordinator) CancelRun(ctx context.Context, tenant, runID uuid.UUID, re
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
+		// A queued run (its workflow paused) has no tasks: it is made
+		// running in this transaction so the machine cancels it as any run.
+		if err := unqueue(ctx, tx, run); err != nil {
+			return nil, err
+		}
 		return sm.CancelRequested{Reason: reason}, nil
 	})
 }
@@ -855,9 +881,16 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 // publish delivers to several runs in its one transaction).
 func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, ref eventRef,
 	prepare func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error), open bool) (Ack, error) {
-	row, run, err := loadRun(ctx, tx, runID)
+	pausable := ""
+	if ref.eager != nil {
+		pausable = ref.eager.Queue
+	}
+	row, run, err := loadRun(ctx, tx, runID, pausable)
 	if err != nil {
 		return Ack{}, err
+	}
+	if row.queuePaused {
+		ref.eager = nil // a paused queue's task waits in the outbox (pause.go)
 	}
 	def, err := c.defs.load(ctx, tx, row.workflowID, row.version)
 	if err != nil {
@@ -912,13 +945,17 @@ type runRow struct {
 	depth      int
 	// started is when each running task's lease was granted, by node.
 	started map[string]time.Time
+	// queuePaused reports that the queue loadRun was asked about is paused.
+	queuePaused bool
 }
 
 // loadRun locks the run row and reads its tasks in one round trip (with the
 // transaction's BEGIN and tenant setting).
 // The lock is an UPDATE (FOR NO KEY UPDATE), which serialises events of one
 // run without blocking the foreign-key checks of task and event inserts.
-func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, error) {
+// With queue set it also reads, in the same round trip, whether that queue
+// is paused (an eager offer's).
+func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (runRow, *sm.Run, error) {
 	b := &pgx.Batch{}
 	var row runRow
 	var status string
@@ -933,6 +970,9 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, 
 			}
 			return err
 		})
+	if queue != "" {
+		b.Queue(qQueuePaused, tx.Tenant, queue).QueryRow(func(r pgx.Row) error { return r.Scan(&row.queuePaused) })
+	}
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	row.started = map[string]time.Time{}
 	b.Queue(qRunTasks, tx.Tenant, runID).

@@ -28,6 +28,9 @@ type Workflow struct {
 	LatestVersion int
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// PausedAt is set while the workflow is paused (pause.go).
+	PausedAt    *time.Time
+	PauseReason *string
 }
 
 // Version is one immutable definition of a workflow.
