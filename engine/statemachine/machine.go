@@ -539,6 +539,12 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		m.createWaiting(base, t)
 		m.fillMap(n, items, s)
 	default:
+		key, limit, err := n.StepKey(s)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
+		base.ConcurrencyKey, base.ConcurrencyLimit = key, limit
 		base.State = TaskPending
 		m.emit(base)
 		t.State = TaskPending
@@ -647,6 +653,14 @@ func (m *machine) createItem(n *dag.Node, id string, i int, item any, s dag.Scop
 		return false
 	}
 	base.Input = in
+	if st.Type.RunsOnWorker() {
+		key, limit, err := n.ItemStepKey(s, item, i)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return false
+		}
+		base.ConcurrencyKey, base.ConcurrencyLimit = key, limit
+	}
 	if st.Type == dag.TypeWorkflow {
 		m.createWaiting(base, t)
 		m.emit(StartChild{NodeID: id, Workflow: st.Workflow.Name, Version: st.Workflow.Version, Input: in})
