@@ -697,7 +697,7 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 	if len(payload) > MaxSignalBytes {
 		return Ack{}, errs.E(errs.Invalid, "a signal payload may be at most %d bytes", MaxSignalBytes)
 	}
-	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
 		var dup bool
 		var stored int
 		if err := tx.QueryRow(ctx, qSignalSeen,
@@ -713,6 +713,9 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 		}
 		if l.MaxSignalsPerRun > 0 && stored >= l.MaxSignalsPerRun {
 			return nil, errs.E(errs.QuotaExceeded, "a run may hold at most %d signals on this plan", l.MaxSignalsPerRun)
+		}
+		if run.Status == RunQueued {
+			return nil, keepSignal(ctx, tx, run, s.ID, s.Name, payload)
 		}
 		return sm.SignalReceived{Signal: sm.Signal{ID: s.ID, Name: s.Name, Payload: payload}}, nil
 	})
@@ -869,6 +872,10 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 			}
 		}
 		ev, err := prepare(ctx, tx, run)
+		if errors.Is(err, errKept) {
+			ack = Ack{Status: run.Status} // prepare wrote the event itself (pause.go)
+			return nil
+		}
 		var ig ignoredError
 		if errors.As(err, &ig) {
 			ack = Ack{Ignored: true, Reason: ig.reason, Status: run.Status}

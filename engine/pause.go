@@ -110,6 +110,28 @@ func unqueue(ctx context.Context, tx *pg.Tx, run *sm.Run) error {
 	return nil
 }
 
+// errKept ends an event's preparation that wrote the event itself (a
+// signal kept for a queued run): the transaction commits, no transition.
+var errKept = errors.New("kept")
+
+// keepSignal keeps a signal sent to a queued run, as a signal nobody waits
+// for yet is kept: the run's first wait node for its name consumes it once
+// the run starts.
+func keepSignal(ctx context.Context, tx *pg.Tx, run *sm.Run, id, name string, payload []byte) error {
+	runID, err := uuid.Parse(run.ID)
+	if err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	b.Queue(qInsertSignal, tx.Tenant, runID, id, name, payload, "")
+	b.Queue(qInsertEvent, tx.Tenant, runID, sm.KindSignalReceived, "", nil, nil,
+		[]byte(fmt.Sprintf(`{"status":"queued","signal":{"id":%q,"name":%q}}`, id, name)))
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("keep signal: %w", err)
+	}
+	return errKept
+}
+
 // startQueued starts a queued run (a resume): admitted like a start, and
 // only while its workflow is not paused; a run no longer queued is
 // ignored.
