@@ -330,7 +330,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			}
 		}
 		if paused {
-			out, err = c.queueRun(ctx, tx, runID, open)
+			out, err = c.queueRun(ctx, tx, runID)
 			return err
 		}
 		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}

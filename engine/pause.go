@@ -66,8 +66,9 @@ func lockPausedWorkflow(ctx context.Context, tx *pg.Tx, wid uuid.UUID) (bool, er
 }
 
 // queueRun finishes a start into a paused workflow: the run row exists
-// with status queued; record it on the timeline and announce it.
-func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, open bool) (Started, error) {
+// with status queued; record it on the timeline and announce it. (It
+// leaves the transaction to its caller, open or not: WithTenant commits.)
+func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (Started, error) {
 	var n int
 	if err := tx.QueryRow(ctx, qCountQueuedRuns, tx.Tenant, MaxQueuedRuns+1).Scan(&n); err != nil {
 		return Started{}, fmt.Errorf("count queued runs: %w", err)
@@ -82,7 +83,6 @@ func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, 
 	if err := readBack(ctx, tx, runID); err != nil {
 		return Started{}, err
 	}
-	_ = open // committed by the caller's transaction either way
 	tenant := tx.Tenant
 	tx.AfterCommit(func() {
 		if c.opts.OnTransition != nil {
