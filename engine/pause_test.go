@@ -228,3 +228,42 @@ func TestSignalsToAQueuedRunAreKept(t *testing.T) {
 	require.JSONEq(t, `{"ok":true}`, string(w.Output))
 	f.mustTask(res.RunID, "n")
 }
+
+// TestBulkResumeSkipsRunsOfPausedWorkflows: a RESUME bulk operation over
+// every queued run starts those whose workflow was resumed and skips those
+// whose workflow is still paused (they stay queued).
+func TestBulkResumeSkipsRunsOfPausedWorkflows(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	still := f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`)
+	again := f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`)
+	for _, wf := range []uuid.UUID{still, again} {
+		_, err := f.c.PauseWorkflow(ctx, f.tenant, wf, "")
+		require.NoError(t, err)
+		for i := 0; i < 3; i++ {
+			f.startQueuedRun(wf)
+		}
+	}
+	// The workflow is un-paused without its own resume job (as if that job
+	// had been cancelled): an explicit RESUME picks its runs up.
+	require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *pg.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE workflow_definitions SET paused_at = NULL WHERE tenant_id = $1 AND id = $2`, f.tenant, again)
+		return err
+	}))
+	op, _, err := f.c.CreateBulkOperation(ctx, f.tenant, BulkRequest{Action: BulkResume})
+	require.NoError(t, err)
+	got := f.drain(op.ID, f.runner("r"))
+	require.EqualValues(t, 6, got.Matched)
+	require.EqualValues(t, 3, got.Done)
+	require.EqualValues(t, 3, got.Skipped)
+	require.Equal(t, 3, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND status = 'queued'`, still))
+	require.Equal(t, 3, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND status = 'running'`, again))
+}
+
+func (f *fixture) startQueuedRun(wf uuid.UUID) uuid.UUID {
+	f.t.Helper()
+	res, err := f.c.StartRun(context.Background(), f.tenant, StartRun{WorkflowID: wf})
+	require.NoError(f.t, err)
+	require.Equal(f.t, RunQueued, res.Status)
+	return res.RunID
+}
