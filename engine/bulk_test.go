@@ -294,3 +294,29 @@ func TestZombieBatchChangesNothingTwice(t *testing.T) {
 		require.Equal(t, 1, f.count(`SELECT count(*) FROM run_events WHERE run_id = $1 AND kind = $2`, id, sm.KindRerunRequested))
 	}
 }
+
+// TestFinishedBulkOperationsAreDropped: a job finished longer ago than the
+// retention is deleted with its marks by the runner's cleanup (the system
+// role, across tenants); a running one and a recent one are kept.
+func TestFinishedBulkOperationsAreDropped(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(pendingDef)
+	f.startMany(wf, 3, func(int) string { return `{"customer":"c"}` })
+	old, _, err := f.c.CreateBulkOperation(ctx, f.tenant, BulkRequest{Action: BulkCancel})
+	require.NoError(t, err)
+	f.drain(old.ID, f.runner("r"))
+	recent, _, err := f.c.CreateBulkOperation(ctx, f.tenant, BulkRequest{Action: BulkCancel, IdempotencyKey: "recent"})
+	require.NoError(t, err)
+	f.drain(recent.ID, f.runner("r"))
+	running, _, err := f.c.CreateBulkOperation(ctx, f.tenant, BulkRequest{Action: BulkRerun, IdempotencyKey: "running"})
+	require.NoError(t, err)
+	require.Equal(t, 3, f.count(`SELECT count(*) FROM bulk_operation_runs WHERE operation_id = $1`, old.ID))
+	_, err = f.env.System.Exec(ctx, `UPDATE bulk_operations SET finished_at = now() - interval '8 days' WHERE id = $1`, old.ID)
+	require.NoError(t, err)
+	_, err = f.db.System().Exec(ctx, qDropOldBulk, BulkRetention.Seconds())
+	require.NoError(t, err)
+	require.Equal(t, 0, f.count(`SELECT count(*) FROM bulk_operations WHERE id = $1`, old.ID))
+	require.Equal(t, 0, f.count(`SELECT count(*) FROM bulk_operation_runs WHERE operation_id = $1`, old.ID))
+	require.Equal(t, 2, f.count(`SELECT count(*) FROM bulk_operations WHERE id = ANY($1)`, []uuid.UUID{recent.ID, running.ID}))
+}

@@ -351,10 +351,10 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		}
 		switch {
 		case paused:
-			out, err = c.queueRun(ctx, tx, runID, open, "the workflow is paused")
+			out, err = c.queueRun(ctx, tx, runID, "the workflow is paused")
 			return err
 		case adm.queue:
-			out, err = c.queueRun(ctx, tx, runID, open, fmt.Sprintf("concurrency key %q is at its limit of %d", adm.key, def.wf.Concurrency.Limit))
+			out, err = c.queueRun(ctx, tx, runID, fmt.Sprintf("concurrency key %q is at its limit of %d", adm.key, def.wf.Concurrency.Limit))
 			return err
 		}
 		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
@@ -726,7 +726,7 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 	if len(payload) > MaxSignalBytes {
 		return Ack{}, errs.E(errs.Invalid, "a signal payload may be at most %d bytes", MaxSignalBytes)
 	}
-	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
 		var dup bool
 		var stored int
 		if err := tx.QueryRow(ctx, qSignalSeen,
@@ -742,6 +742,9 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 		}
 		if l.MaxSignalsPerRun > 0 && stored >= l.MaxSignalsPerRun {
 			return nil, errs.E(errs.QuotaExceeded, "a run may hold at most %d signals on this plan", l.MaxSignalsPerRun)
+		}
+		if run.Status == RunQueued {
+			return nil, keepSignal(ctx, tx, run, s.ID, s.Name, payload)
 		}
 		return sm.SignalReceived{Signal: sm.Signal{ID: s.ID, Name: s.Name, Payload: payload}}, nil
 	})
@@ -929,6 +932,9 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 		}
 	}
 	ev, err := prepare(ctx, tx, run)
+	if errors.Is(err, errKept) {
+		return Ack{Status: run.Status}, nil // prepare wrote the event itself (pause.go)
+	}
 	var ig ignoredError
 	if errors.As(err, &ig) {
 		ack := Ack{Ignored: true, Reason: ig.reason, Status: run.Status}

@@ -72,8 +72,11 @@ func lockPausedWorkflow(ctx context.Context, tx *pg.Tx, wid uuid.UUID) (bool, er
 }
 
 // queueRun finishes a start into a paused workflow: the run row exists
-// with status queued; record it on the timeline and announce it.
-func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, open bool, reason string) (Started, error) {
+// with status queued (the workflow is paused, or its concurrency key is at
+// its limit: reason says which); record it on the timeline and announce
+// it. (It leaves the transaction to its caller, open or not: WithTenant
+// commits.)
+func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, reason string) (Started, error) {
 	var n int
 	if err := tx.QueryRow(ctx, qCountQueuedRuns, tx.Tenant, MaxQueuedRuns+1).Scan(&n); err != nil {
 		return Started{}, fmt.Errorf("count queued runs: %w", err)
@@ -91,7 +94,6 @@ func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, 
 	if err := readBack(ctx, tx, runID); err != nil {
 		return Started{}, err
 	}
-	_ = open // committed by the caller's transaction either way
 	tenant := tx.Tenant
 	tx.AfterCommit(func() {
 		if c.opts.OnTransition != nil {
@@ -117,6 +119,28 @@ func unqueue(ctx context.Context, tx *pg.Tx, run *sm.Run) error {
 	}
 	run.Status = sm.RunRunning
 	return nil
+}
+
+// errKept ends an event's preparation that wrote the event itself (a
+// signal kept for a queued run): the transaction commits, no transition.
+var errKept = errors.New("kept")
+
+// keepSignal keeps a signal sent to a queued run, as a signal nobody waits
+// for yet is kept: the run's first wait node for its name consumes it once
+// the run starts.
+func keepSignal(ctx context.Context, tx *pg.Tx, run *sm.Run, id, name string, payload []byte) error {
+	runID, err := uuid.Parse(run.ID)
+	if err != nil {
+		return err
+	}
+	b := &pgx.Batch{}
+	b.Queue(qInsertSignal, tx.Tenant, runID, id, name, payload, "")
+	b.Queue(qInsertEvent, tx.Tenant, runID, sm.KindSignalReceived, "", nil, nil,
+		[]byte(fmt.Sprintf(`{"status":"queued","signal":{"id":%q,"name":%q}}`, id, name)))
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("keep signal: %w", err)
+	}
+	return errKept
 }
 
 // startQueued starts a queued run (a resume): admitted like a start, and

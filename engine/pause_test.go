@@ -41,10 +41,7 @@ func TestPausedWorkflowQueuesRunsAndResumeStartsThemInOrder(t *testing.T) {
 	f.complete(before, "a", `{}`)
 	f.complete(before, "b", `{}`)
 	require.Equal(t, sm.RunCompleted, f.runStatus(before))
-	// A queued run's events: a signal is ignored, a cancel cancels it.
-	ack, err := f.c.SignalRun(ctx, f.tenant, queued[0], Signal{Name: "go"})
-	require.NoError(t, err)
-	require.True(t, ack.Ignored)
+	// A queued run can be cancelled.
 	_, err = f.c.CancelRun(ctx, f.tenant, queued[0], "not needed")
 	require.NoError(t, err)
 	require.Equal(t, sm.RunCancelled, f.runStatus(queued[0]))
@@ -204,4 +201,69 @@ func TestEventsIntoAPausedWorkflowQueueTheirRuns(t *testing.T) {
 	f.drain(op.ID, f.runner("r"))
 	require.Equal(t, sm.RunRunning, f.runStatus(p.Runs[0].RunID))
 	f.mustTask(p.Runs[0].RunID, "a")
+}
+
+// TestSignalsToAQueuedRunAreKept: a signal sent to a queued run is kept
+// (once per id) and consumed by the run's wait node when it starts.
+func TestSignalsToAQueuedRunAreKept(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go"}},{"id":"n","type":"noop","depends_on":["w"]}]}`)
+	_, err := f.c.PauseWorkflow(ctx, f.tenant, wf, "")
+	require.NoError(t, err)
+	res, err := f.c.StartRun(ctx, f.tenant, StartRun{WorkflowID: wf})
+	require.NoError(t, err)
+	for i := 0; i < 2; i++ {
+		ack, err := f.c.SignalRun(ctx, f.tenant, res.RunID, Signal{ID: "s1", Name: "go", Payload: json.RawMessage(`{"ok":true}`)})
+		require.NoError(t, err)
+		require.Equal(t, i == 1, ack.Ignored, "a repeated id is ignored")
+		require.Equal(t, RunQueued, ack.Status)
+	}
+	require.Equal(t, 1, f.count(`SELECT count(*) FROM run_signals WHERE run_id = $1`, res.RunID))
+	_, op, err := f.c.ResumeWorkflow(ctx, f.tenant, wf, "")
+	require.NoError(t, err)
+	f.drain(op.ID, f.runner("r"))
+	w := f.mustTask(res.RunID, "w")
+	require.Equal(t, "completed", w.State, "the kept signal completed the wait")
+	require.JSONEq(t, `{"ok":true}`, string(w.Output))
+	f.mustTask(res.RunID, "n")
+}
+
+// TestBulkResumeSkipsRunsOfPausedWorkflows: a RESUME bulk operation over
+// every queued run starts those whose workflow was resumed and skips those
+// whose workflow is still paused (they stay queued).
+func TestBulkResumeSkipsRunsOfPausedWorkflows(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	still := f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`)
+	again := f.workflow(`{"nodes":[{"id":"a","type":"noop"}]}`)
+	for _, wf := range []uuid.UUID{still, again} {
+		_, err := f.c.PauseWorkflow(ctx, f.tenant, wf, "")
+		require.NoError(t, err)
+		for i := 0; i < 3; i++ {
+			f.startQueuedRun(wf)
+		}
+	}
+	// The workflow is un-paused without its own resume job (as if that job
+	// had been cancelled): an explicit RESUME picks its runs up.
+	require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *pg.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE workflow_definitions SET paused_at = NULL WHERE tenant_id = $1 AND id = $2`, f.tenant, again)
+		return err
+	}))
+	op, _, err := f.c.CreateBulkOperation(ctx, f.tenant, BulkRequest{Action: BulkResume})
+	require.NoError(t, err)
+	got := f.drain(op.ID, f.runner("r"))
+	require.EqualValues(t, 6, got.Matched)
+	require.EqualValues(t, 3, got.Done)
+	require.EqualValues(t, 3, got.Skipped)
+	require.Equal(t, 3, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND status = 'queued'`, still))
+	require.Equal(t, 3, f.count(`SELECT count(*) FROM workflow_runs WHERE workflow_id = $1 AND status = 'running'`, again))
+}
+
+func (f *fixture) startQueuedRun(wf uuid.UUID) uuid.UUID {
+	f.t.Helper()
+	res, err := f.c.StartRun(context.Background(), f.tenant, StartRun{WorkflowID: wf})
+	require.NoError(f.t, err)
+	require.Equal(f.t, RunQueued, res.Status)
+	return res.RunID
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
 
@@ -226,4 +227,63 @@ func TestPausedQueueHoldsTasksFromARealWorker(t *testing.T) {
 	for id, n := range runs {
 		assert.Equal(t, 1, n, "task %s ran %d times", id, n)
 	}
+}
+
+// TestResumeWaitsForAdmissionAndPushesProgress: a resume is admitted like
+// starts: with the tenant at its queued-task limit the job waits (its runs
+// stay queued, the job RUNNING, its progress pushed to a subscriber as it
+// tries again); once the limit allows, it starts the runs and the
+// subscription ends with the COMPLETED job.
+func TestResumeWaitsForAdmissionAndPushesProgress(t *testing.T) {
+	t.Parallel()
+	sys, a, _ := twoTenants(t)
+	ctx := context.Background()
+	var created struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "one", definition: {nodes: [{id: "a", type: "noop"}]}}) { workflow { id } } }`, nil).Decode(t, &created)
+	wf := created.CreateWorkflow.Workflow.ID
+	start := func() string {
+		var s struct {
+			StartRun struct{ Run struct{ ID, Status string } }
+		}
+		sys.GraphQL(a.owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id status } } }`, map[string]any{"w": wf}).Decode(t, &s)
+		return s.StartRun.Run.Status
+	}
+	require.Equal(t, "RUNNING", start()) // its task waits for a worker (there is none)
+	res := sys.GraphQL(a.owner, `mutation($id: ID!) { pauseWorkflow(id: $id) { id } }`, map[string]any{"id": wf})
+	require.Empty(t, res.Errors)
+	for i := 0; i < 3; i++ {
+		require.Equal(t, "QUEUED", start())
+	}
+	// The tenant is now at its queued-task limit: starting the queued runs
+	// would exceed it.
+	require.NoError(t, tenants.Update(ctx, sys.Deps.DB, a.id, tenants.UpdateParams{Limits: &tenants.Limits{MaxQueuedTasks: 1}}))
+	var resumed struct {
+		ResumeWorkflow struct{ Resume struct{ ID string } }
+	}
+	sys.GraphQL(a.owner, `mutation($id: ID!) { resumeWorkflow(id: $id) { resume { id } } }`, map[string]any{"id": wf}).Decode(t, &resumed)
+	op := resumed.ResumeWorkflow.Resume.ID
+	watcher := dialWS(t, sys, a.viewer)
+	watcher.subscribe("1", `subscription($id: ID!) { bulkOperationUpdated(id: $id) { status matched done lastError } }`, map[string]any{"id": op})
+	for i := 0; i < 2; i++ {
+		m := watcher.next(10 * time.Second)
+		require.Equal(t, "next", m.Type, "%s", m.Payload)
+		assert.Contains(t, string(m.Payload), `"RUNNING"`)
+		assert.Contains(t, string(m.Payload), `"done":0`)
+	}
+	got := a.bulkOp(t, sys, op)
+	assert.Equal(t, "RUNNING", got.Status)
+	require.NoError(t, tenants.Update(ctx, sys.Deps.DB, a.id, tenants.UpdateParams{Limits: &tenants.Limits{MaxQueuedTasks: 100}}))
+	var last wsMsg
+	for {
+		m := watcher.next(15 * time.Second)
+		require.NotEmpty(t, m.Type, "the subscription stalled before the job finished")
+		if m.Type == "complete" {
+			break
+		}
+		last = m
+	}
+	assert.Contains(t, string(last.Payload), `"COMPLETED"`)
+	assert.Contains(t, string(last.Payload), `"done":3`)
 }

@@ -95,6 +95,8 @@ func complexity() ComplexityRoot {
 		return 1 + max(*first, 1)*child
 	}
 	c.Workflow.Versions = func(child int, first, _ *int) int { return 1 + page(first)*child }
+	c.Query.BulkOperations = func(child int, first *int, _ *uuid.UUID) int { return 1 + page(first)*child }
+	c.Query.PausedQueues = func(child int) int { return 1 + 100*child }
 	return c
 }
 

@@ -97,7 +97,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		case EventIngest:
 			r, err = runEventIngest(ctx, o, &rep, n(10_000))
 		case BulkCancel:
-			r, err = runBulkCancel(ctx, o, &rep, n(10_000), n(200))
+			r, err = runBulkCancel(ctx, o, &rep, n(10_000), n(400))
 		case StartThroughput:
 			r, err = runStartThroughput(ctx, o, &rep, n(10_000))
 		case Tenants1Stream:
