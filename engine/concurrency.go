@@ -204,11 +204,14 @@ func (c *Coordinator) rerunKeyHasRoom(ctx context.Context, tx *pg.Tx, runID uuid
 }
 
 // KeyState is one concurrency key of a workflow with runs running or
-// queued.
+// queued — or, with Node set, of one of its steps, with tasks holding a
+// slot (Running) or waiting for one (Queued).
 type KeyState struct {
+	Node    string
 	Key     string
 	Running int
 	Queued  int
+	Limit   int
 }
 
 // ConcurrencyKeys lists a workflow's keys that have running or queued runs,
@@ -257,28 +260,56 @@ const (
 			ORDER BY id LIMIT $4`
 	qDeleteTimer       = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2`
 	qRunConcurrencyKey = `SELECT workflow_id, workflow_version, concurrency_key FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
+	qStepConcurrencyKeys = `SELECT concurrency_key, count(*) FILTER (WHERE concurrency_slot),
+			count(*) FILTER (WHERE NOT concurrency_slot AND state = 'pending'), max(concurrency_limit)
+			FROM task_instances WHERE tenant_id = $1 AND concurrency_key IS NOT NULL AND state IN ('pending', 'running')
+			  AND starts_with(concurrency_key, $2)
+			GROUP BY concurrency_key ORDER BY 3 DESC, 2 DESC, 1 LIMIT $3`
 	qConcurrencyKeys   = `SELECT concurrency_key, count(*) FILTER (WHERE status = 'running'), count(*) FILTER (WHERE status = 'queued')
 			FROM workflow_runs WHERE tenant_id = $1 AND workflow_id = $2 AND concurrency_key IS NOT NULL AND status IN ('running', 'queued')
 			GROUP BY concurrency_key ORDER BY 3 DESC, 2 DESC, 1 LIMIT $3`
 )
 
-// WorkflowKeys is ConcurrencyKeys with the limit of the workflow's latest
-// version (0 and no keys when it has none); NotFound for a workflow tx's
+// WorkflowKeys lists a workflow's busy concurrency keys: its own (with the
+// limit of its latest version), then its steps' (each with its tasks'
+// limit), the busiest first within each; NotFound for a workflow tx's
 // tenant does not have.
-func (c *Coordinator) WorkflowKeys(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, first int) ([]KeyState, int, error) {
+func (c *Coordinator) WorkflowKeys(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, first int) ([]KeyState, error) {
 	w, err := GetWorkflow(ctx, tx, workflow)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	def, err := c.defs.load(ctx, tx, w.ID, w.LatestVersion)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	if def.wf.Concurrency == nil {
-		return nil, 0, nil
+	var out []KeyState
+	if cc := def.wf.Concurrency; cc != nil {
+		if out, err = ConcurrencyKeys(ctx, tx, workflow, first); err != nil {
+			return nil, err
+		}
+		for i := range out {
+			out[i].Limit = cc.Limit
+		}
 	}
-	keys, err := ConcurrencyKeys(ctx, tx, workflow, first)
-	return keys, def.wf.Concurrency.Limit, err
+	if len(out) >= first {
+		return out, nil
+	}
+	prefix := workflow.String() + "/"
+	rows, err := tx.Query(ctx, qStepConcurrencyKeys, tx.Tenant, prefix, first-len(out))
+	if err != nil {
+		return nil, fmt.Errorf("step concurrency keys: %w", err)
+	}
+	var k KeyState
+	var stored string
+	if _, err := pgx.ForEachRow(rows, []any{&stored, &k.Running, &k.Queued, &k.Limit}, func() error {
+		node, value, _ := strings.Cut(strings.TrimPrefix(stored, prefix), "/")
+		out = append(out, KeyState{Node: node, Key: value, Running: k.Running, Queued: k.Queued, Limit: k.Limit})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("step concurrency keys: %w", err)
+	}
+	return out, nil
 }
 
 // dispatchKeyed dispatches an attempt of a step with a concurrency key:

@@ -206,6 +206,13 @@ func TestAStepConcurrencyKeyHoldsTasksUntilASlotIsFree(t *testing.T) {
 	r1, r2, r3 := f.start(wf, `{"partner": "p"}`), f.start(wf, `{"partner": "p"}`), f.start(wf, `{"partner": "p"}`)
 	other := f.start(wf, `{"partner": "q"}`)
 	assert.Equal(t, []string{"due", "held", "held", "due"}, []string{due(r1), due(r2), due(r3), due(other)})
+	var keys []KeyState
+	require.NoError(t, f.db.WithTenant(context.Background(), f.tenant, func(ctx context.Context, tx *pg.Tx) error {
+		var err error
+		keys, err = f.c.WorkflowKeys(ctx, tx, wf, 10)
+		return err
+	}))
+	assert.Equal(t, []KeyState{{Node: "call", Key: "p", Running: 1, Queued: 2, Limit: 1}, {Node: "call", Key: "q", Running: 1, Limit: 1}}, keys)
 
 	f.complete(r1, "call", `{}`)
 	assert.Equal(t, []string{"due", "held"}, []string{due(r2), due(r3)}, "the oldest waiting task got the slot")

@@ -23,9 +23,14 @@ func (r *queryResolver) ConcurrencyKeys(ctx context.Context, workflowID uuid.UUI
 	}
 	out := []model.ConcurrencyKeyState{}
 	err = r.inTenant(ctx, auth.ActionRunsRead, func(ctx context.Context, tx *pg.Tx) error {
-		keys, limit, err := r.Coord.WorkflowKeys(ctx, tx, workflowID, min(n, engine.MaxConcurrencyKeysPage))
+		keys, err := r.Coord.WorkflowKeys(ctx, tx, workflowID, min(n, engine.MaxConcurrencyKeysPage))
 		for _, k := range keys {
-			out = append(out, model.ConcurrencyKeyState{Key: k.Key, Running: k.Running, Queued: k.Queued, Limit: limit, AtLimit: k.Running >= limit})
+			var node *string
+			if k.Node != "" {
+				node = &k.Node
+			}
+			out = append(out, model.ConcurrencyKeyState{Node: node, Key: k.Key, Running: k.Running, Queued: k.Queued, Limit: k.Limit,
+				AtLimit: k.Running >= k.Limit})
 		}
 		return err
 	})

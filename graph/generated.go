@@ -103,6 +103,7 @@ type ComplexityRoot struct {
 		AtLimit func(childComplexity int) int
 		Key     func(childComplexity int) int
 		Limit   func(childComplexity int) int
+		Node    func(childComplexity int) int
 		Queued  func(childComplexity int) int
 		Running func(childComplexity int) int
 	}
@@ -892,6 +893,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ConcurrencyKeyState.Limit(childComplexity), true
+	case "ConcurrencyKeyState.node":
+		if e.ComplexityRoot.ConcurrencyKeyState.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConcurrencyKeyState.Node(childComplexity), true
 	case "ConcurrencyKeyState.queued":
 		if e.ComplexityRoot.ConcurrencyKeyState.Queued == nil {
 			break
@@ -3260,6 +3267,8 @@ func (ec *executionContext) childFields_BulkOperation(ctx context.Context, field
 
 func (ec *executionContext) childFields_ConcurrencyKeyState(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
+	case "node":
+		return ec.fieldContext_ConcurrencyKeyState_node(ctx, field)
 	case "key":
 		return ec.fieldContext_ConcurrencyKeyState_key(ctx, field)
 	case "running":
@@ -5970,6 +5979,29 @@ func (ec *executionContext) _BulkOperation_finishedAt(ctx context.Context, field
 }
 func (ec *executionContext) fieldContext_BulkOperation_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ConcurrencyKeyState_node(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConcurrencyKeyState_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ConcurrencyKeyState_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConcurrencyKeyState", field, false, false, "String")
 }
 
 func (ec *executionContext) _ConcurrencyKeyState_key(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
@@ -16735,6 +16767,11 @@ func (ec *executionContext) _ConcurrencyKeyState(ctx context.Context, sel ast.Se
 		switch field.Name {
 		case "__typename":
 			out.Values[i] = graphql.MarshalString("ConcurrencyKeyState")
+		case "node":
+			out.Values[i] = ec._ConcurrencyKeyState_node(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "key":
 			out.Values[i] = ec._ConcurrencyKeyState_key(ctx, field, obj)
 			if out.Values[i] == graphql.Null {

@@ -34,8 +34,9 @@ ALTER TABLE task_instances
     ADD COLUMN concurrency_key   text CHECK (length(concurrency_key) BETWEEN 1 AND 400),
     ADD COLUMN concurrency_limit int CHECK (concurrency_limit BETWEEN 1 AND 1000),
     ADD COLUMN concurrency_slot  boolean NOT NULL DEFAULT false;
-CREATE INDEX task_instances_by_concurrency_key ON task_instances (tenant_id, concurrency_key, state, concurrency_slot, created_at, id)
-    WHERE concurrency_key IS NOT NULL;
+-- Only active tasks matter to a key (its holders and its waiters).
+CREATE INDEX task_instances_by_concurrency_key ON task_instances (tenant_id, concurrency_key, concurrency_slot, created_at, id)
+    WHERE concurrency_key IS NOT NULL AND state IN ('pending', 'running');
 
 -- A step's transition makes a waiting task's held row due, or drops it.
 GRANT SELECT (tenant_id, task_id, next_attempt_at), UPDATE (next_attempt_at), DELETE ON outbox TO composer_app;

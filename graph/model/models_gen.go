@@ -27,13 +27,16 @@ type BulkFilter struct {
 	Metadata json.RawMessage `json:"metadata"`
 }
 
-// One concurrency key of a workflow: how many of its runs run and wait.
+// One concurrency key of a workflow (or of one of its steps): how many of its runs (or tasks) run and wait.
 type ConcurrencyKeyState struct {
-	Key     string `json:"key"`
-	Running int    `json:"running"`
-	// Runs waiting for a slot of the key (status QUEUED), started oldest first.
+	// The step whose key this is; null for the workflow's own key.
+	Node *string `json:"node,omitempty"`
+	Key  string  `json:"key"`
+	// Runs running (for a step: tasks holding a slot, running or between attempts).
+	Running int `json:"running"`
+	// Runs waiting for a slot of the key (status QUEUED), or a step's tasks waiting for one; started oldest first.
 	Queued int `json:"queued"`
-	// The workflow's latest limit per key.
+	// The limit per key (the workflow's latest version's; for a step, its tasks').
 	Limit int `json:"limit"`
 	// Whether the key has no room: a new run of it queues (or is cancelled, or cancels the oldest, by the strategy).
 	AtLimit bool `json:"atLimit"`
