@@ -258,14 +258,14 @@ const (
 	qInsertReleaseTimer = `INSERT INTO timers (tenant_id, run_id, kind, fire_at, detail) VALUES ($1, $2, 'concurrency_release', now(), $3)`
 	qQueuedOfKey        = `SELECT id FROM workflow_runs WHERE tenant_id = $1 AND workflow_id = $2 AND concurrency_key = $3 AND status = 'queued'
 			ORDER BY id LIMIT $4`
-	qDeleteTimer       = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2`
-	qRunConcurrencyKey = `SELECT workflow_id, workflow_version, concurrency_key FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
+	qDeleteTimer         = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2`
+	qRunConcurrencyKey   = `SELECT workflow_id, workflow_version, concurrency_key FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
 	qStepConcurrencyKeys = `SELECT concurrency_key, count(*) FILTER (WHERE concurrency_slot),
 			count(*) FILTER (WHERE NOT concurrency_slot AND state = 'pending'), max(concurrency_limit)
 			FROM task_instances WHERE tenant_id = $1 AND concurrency_key IS NOT NULL AND state IN ('pending', 'running')
 			  AND starts_with(concurrency_key, $2)
 			GROUP BY concurrency_key ORDER BY 3 DESC, 2 DESC, 1 LIMIT $3`
-	qConcurrencyKeys   = `SELECT concurrency_key, count(*) FILTER (WHERE status = 'running'), count(*) FILTER (WHERE status = 'queued')
+	qConcurrencyKeys = `SELECT concurrency_key, count(*) FILTER (WHERE status = 'running'), count(*) FILTER (WHERE status = 'queued')
 			FROM workflow_runs WHERE tenant_id = $1 AND workflow_id = $2 AND concurrency_key IS NOT NULL AND status IN ('running', 'queued')
 			GROUP BY concurrency_key ORDER BY 3 DESC, 2 DESC, 1 LIMIT $3`
 )
