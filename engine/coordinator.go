@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -53,6 +54,9 @@ type Options struct {
 	// Slots, when set, enforces each tenant's running-task quota when leases
 	// are granted (see SlotGate); without it there is no such quota.
 	Slots SlotGate
+	// StepLimits, when set, enforces steps' rate limits when leases are
+	// granted (ratelimit.go); without it they run unlimited.
+	StepLimits StepLimits
 	// Hooks see every transition inside its transaction, before its
 	// actions are written, and queue statements that commit with it (usage
 	// meters, webhook deliveries): what they write exists if and only if
@@ -151,6 +155,10 @@ type Coordinator struct {
 	defs   *defCache
 	opts   Options
 	limits *limitCache
+	// rateLimits caches tenants' step rate limits; rateDeferred counts
+	// the steps deferred for theirs.
+	rateLimits   *rateLimitCache
+	rateDeferred atomic.Int64
 	// fault, in tests, makes persisting fail at a given action index.
 	fault func(action int) bool
 }
@@ -160,7 +168,8 @@ func NewCoordinator(db *pg.DB, o Options) *Coordinator {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o, limits: newLimitCache(db)}
+	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o, limits: newLimitCache(db),
+		rateLimits: newRateLimitCache(db)}
 }
 
 // Ack answers a report or command. Ignored events are acknowledged too:
@@ -194,6 +203,9 @@ type StartRun struct {
 	// override the keys the workflow's own metadata mapping derives from
 	// the input.
 	Metadata map[string]string
+	// Priority is the run's priority, dag.MinPriority..dag.MaxPriority (0
+	// by default): its tasks', unless their node sets one.
+	Priority int
 }
 
 // Started is StartRun's answer.
@@ -222,6 +234,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		return Started{}, errs.E(errs.Invalid, "version must be positive")
 	}
 	if err := checkMetadata("metadata", req.Metadata, dag.MaxMetadataKeys); err != nil {
+		return Started{}, err
+	}
+	if err := checkPriority(req.Priority); err != nil {
 		return Started{}, err
 	}
 	var out Started
@@ -303,7 +318,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			return err
 		}
 		err = tx.QueryRow(ctx, qInsertRun,
-			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta)).Scan(&now)
+			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta), req.Priority).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -317,7 +332,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 				return fmt.Errorf("insert run metadata: %w", err)
 			}
 		}
-		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
+		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}, Priority: req.Priority}
 		tr = sm.Decide(def.wf, run, sm.RunStarted{}, now)
 		if tr.Ignored {
 			return fmt.Errorf("a new run was not started: %s", tr.Reason)
@@ -326,7 +341,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			return err // the input would be amplified past the bound: refuse the start, write nothing
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open}
+			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open, priority: req.Priority}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
 			return err
 		}
@@ -875,7 +890,8 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 		return ack, ignoredError{tr.Reason}
 	}
 	p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open}
+		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open,
+		priority: run.Priority}
 	for id, t := range run.Tasks {
 		p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 	}
@@ -906,9 +922,11 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, 
 	var row runRow
 	var status string
 	var input []byte
-	b.Queue(qLockRun, tx.Tenant, runID).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now) })
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
+	b.Queue(qLockRun, tx.Tenant, runID).
+		QueryRow(func(r pgx.Row) error {
+			return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &run.Priority)
+		})
 	row.started = map[string]time.Time{}
 	b.Queue(qRunTasks, tx.Tenant, runID).
 		Query(func(rows pgx.Rows) error {
@@ -1036,5 +1054,5 @@ func (c *Coordinator) RerunAsNew(ctx context.Context, tenant, runID uuid.UUID) (
 		return Started{}, err
 	}
 	return c.StartRun(ctx, tenant, StartRun{WorkflowID: old.WorkflowID, Version: old.WorkflowVersion, Input: old.Input, RerunOf: runID,
-		Metadata: old.Metadata})
+		Metadata: old.Metadata, Priority: old.Priority})
 }

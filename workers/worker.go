@@ -335,35 +335,89 @@ func (w *Worker) wake(queue string) {
 }
 
 // readScript reads up to ARGV[3] new messages for consumer ARGV[2] of
-// group ARGV[1] from the streams in KEYS (one tenant's shards, so one
-// cluster slot), shard after shard until it has them: one round trip
-// however many shards are empty, and never more messages than asked. A
-// stream without the group (Redis lost its data and the enqueuer re-created
-// the stream) gets it, from the start, and is read at once; a missing
-// stream is empty. It returns {key, entries} per shard that answered, or
-// {key, error} for one that failed.
+// group ARGV[1] from the streams in KEYS (one tenant's shards of every
+// priority, so one cluster slot; ARGV[4+i] is the priority of KEYS[i],
+// ARGV[4] the aging in milliseconds per priority level): one round trip
+// however many streams are empty, and never more messages than asked. When
+// the streams that exist are of one priority, it reads shard after shard
+// until it has them. When they are of several, it takes messages one at a
+// time in order of *virtual time* — the message's publish time (its id, on
+// Redis's clock) less priority × aging, ties to the higher priority — so
+// a higher priority goes first, and a lower one waits at most the
+// difference × aging behind work published after it (bounded aging: never
+// starved). The head of a stream is the first entry after the group's
+// last-delivered id. A stream without the group (Redis lost its data and
+// the enqueuer re-created the stream) gets it, from the start, and is read
+// at once; a missing stream is empty. It returns {key, entries} per read
+// that answered, or {key, error} for one that failed.
 var readScript = redis.NewScript(`
 local want = tonumber(ARGV[3])
+local aging = tonumber(ARGV[4])
 local out = {}
-local function read(key)
-  return redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-end
-for _, key in ipairs(KEYS) do
-  if want <= 0 then break end
-  local res = read(key)
+local function read(key, n)
+  local res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', key, '>')
   if type(res) == 'table' and res.err and string.find(res.err, 'NOGROUP', 1, true) then
-    if redis.call('EXISTS', key) == 1 then
-      redis.pcall('XGROUP', 'CREATE', key, ARGV[1], '0')
-      res = read(key)
-    else
-      res = false
-    end
+    redis.pcall('XGROUP', 'CREATE', key, ARGV[1], '0')
+    res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', key, '>')
   end
   if type(res) == 'table' and res.err then
     out[#out + 1] = {key, res.err}
+    return nil
   elseif res then
-    want = want - #res[1][2]
     out[#out + 1] = {key, res[1][2]}
+    return res[1][2]
+  end
+  return nil
+end
+local live, seen, levels = {}, {}, 0
+for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then
+    live[#live + 1] = i
+    local p = ARGV[4 + i]
+    if not seen[p] then seen[p] = true; levels = levels + 1 end
+  end
+end
+if levels <= 1 then
+  for _, i in ipairs(live) do
+    if want <= 0 then break end
+    local got = read(KEYS[i], want)
+    if got then want = want - #got end
+  end
+  return out
+end
+local function vtime(i, after)
+  local r = redis.call('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
+  if #r == 0 then return nil end
+  return tonumber(string.match(r[1][1], '^(%d+)')) - tonumber(ARGV[4 + i]) * aging
+end
+local heads = {}
+for _, i in ipairs(live) do
+  local last = '0-0'
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[i])
+  if type(groups) == 'table' and not groups.err then
+    for _, g in ipairs(groups) do
+      local name, lid
+      for j = 1, #g, 2 do
+        if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then lid = g[j + 1] end
+      end
+      if name == ARGV[1] and lid then last = lid end
+    end
+  end
+  heads[i] = vtime(i, last)
+end
+while want > 0 do
+  local best, bv = nil, nil
+  for _, i in ipairs(live) do
+    local v = heads[i]
+    if v and (bv == nil or v < bv) then best, bv = i, v end
+  end
+  if best == nil then break end
+  local got = read(KEYS[best], 1)
+  if got and #got > 0 then
+    want = want - 1
+    heads[best] = vtime(best, got[#got][1])
+  else
+    heads[best] = nil
   end
 end
 return out
@@ -380,10 +434,21 @@ func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [
 			continue
 		}
 		keys := w.names.Streams(g.id, queue, g.route.shards)
-		// Rotate which shard comes first, so none is favoured.
-		rot := int(time.Now().UnixNano() % int64(len(keys)))
-		keys = append(keys[rot:], keys[:rot]...)
-		cmds[i] = readScript.Eval(ctx, pipe, keys, stream.Group, w.cfg.WorkerID, need)
+		// Rotate which shard of each priority comes first, so none is
+		// favoured.
+		n := max(g.route.shards, 1)
+		rot := int(time.Now().UnixNano() % int64(n))
+		args := make([]any, 0, 4+len(keys))
+		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds())
+		for j := 0; j+n <= len(keys); j += n {
+			level := keys[j : j+n]
+			rotated := append(append([]string(nil), level[rot:]...), level[:rot]...)
+			copy(level, rotated)
+		}
+		for _, k := range keys {
+			args = append(args, stream.KeyPriority(k))
+		}
+		cmds[i] = readScript.Eval(ctx, pipe, keys, args...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
@@ -906,8 +971,10 @@ func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
 		cands = cands[len(part):]
 		pipe := w.rdb.Pipeline()
 		lens := make([][]*redis.IntCmd, len(part))
+		keys := make([][]string, len(part))
 		for i, c := range part {
-			for _, key := range w.names.Streams(c.route.tenant, queue, c.route.shards) {
+			keys[i] = w.names.Streams(c.route.tenant, queue, c.route.shards)
+			for _, key := range keys[i] {
 				lens[i] = append(lens[i], pipe.XLen(ctx, key))
 			}
 		}
@@ -915,11 +982,11 @@ func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
 		var busy []string
 		for i, c := range part {
 			empty := true
-			for shard, l := range lens[i] {
+			for k, l := range lens[i] {
 				if n, err := l.Result(); err != nil || n > 0 {
 					empty = false
 					if err == nil {
-						busy = append(busy, w.names.Stream(c.route.tenant, queue, shard))
+						busy = append(busy, keys[i][k])
 					}
 				}
 			}

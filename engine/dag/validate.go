@@ -191,6 +191,30 @@ func (n *Node) validate(ps *problems, label string) {
 			ps.add(label, "input", "key %q must be an identifier", k)
 		}
 	}
+	if n.Priority != nil {
+		if *n.Priority < MinPriority || *n.Priority > MaxPriority {
+			ps.add(label, "priority", "must be between %d and %d", MinPriority, MaxPriority)
+		}
+		if !n.Type.RunsOnWorker() && n.Type != "" {
+			ps.add(label, "priority", "nodes of type %s do not run on a worker", n.Type)
+		}
+	}
+	if rl := n.RateLimit; rl != nil {
+		if !RateLimitName.MatchString(rl.Name) {
+			ps.add(label, "rate_limit.name", "must name a rate limit: lowercase letters, digits, '_' or '-' (at most 64)")
+		}
+		if len(rl.Key) > MaxExpressionBytes {
+			ps.add(label, "rate_limit.key", "is longer than %d bytes", MaxExpressionBytes)
+		}
+		if !n.Type.RunsOnWorker() && n.Type != "" {
+			ps.add(label, "rate_limit", "nodes of type %s do not run on a worker", n.Type)
+		}
+		if n.ScheduleToStartTimeout > 0 {
+			// Waiting for a token is not a failure; a schedule-to-start
+			// timeout would make it one.
+			ps.add(label, "rate_limit", "cannot be combined with schedule_to_start_timeout (waiting for the limit is not a failure)")
+		}
+	}
 }
 
 func checkDuration(ps *problems, node, field string, d Duration, required bool) {
@@ -323,6 +347,15 @@ func (w *Workflow) compile(ps *problems) {
 			} else {
 				check("sleep.until", p)
 				n.Sleep.until = p
+			}
+		}
+		if rl := n.RateLimit; rl != nil && rl.Key != "" {
+			p, err := compile(rl.Key, false)
+			if err != nil {
+				ps.add(n.ID, "rate_limit.key", "%v", err)
+			} else {
+				check("rate_limit.key", p)
+				rl.key = p
 			}
 		}
 		n.input = make(map[string]*program, len(n.Input))

@@ -7,7 +7,7 @@ const (
 	qNextDue  = `SELECT min(next_attempt_at) FROM outbox`
 	qClaimDue = `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
-				coalesce(handler, ''), coalesce(attempt, 0), coalesce(traceparent, ''), attempts
+				coalesce(handler, ''), coalesce(attempt, 0), coalesce(traceparent, ''), attempts, priority
 			  FROM outbox WHERE next_attempt_at <= now()
 			 ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED`
 	qDeadLetter = `WITH gone AS (DELETE FROM outbox WHERE tenant_id = $1 AND id = $2 RETURNING *)

@@ -460,6 +460,16 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		m.createWaiting(base, t)
 		m.waitTimeout(n)
 	default:
+		key, err := n.RateKey(s)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
+		base.RateKey = key
+		base.Priority = m.run.Priority
+		if n.Priority != nil {
+			base.Priority = *n.Priority
+		}
 		base.State = TaskPending
 		m.emit(base)
 		t.State = TaskPending

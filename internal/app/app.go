@@ -263,7 +263,8 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots})
+		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots,
+		StepLimits: tenants.NewStepLimiter(d.Redis, d.Cfg.RedisNamespace)})
 	s.Poller = taskpoll.New(s.Coordinator, d.Redis, stream.NewNames(d.Cfg.RedisNamespace), slots, taskpoll.Config{}, d.Log.Named("taskpoll"))
 	s.Background = append(s.Background, s.Poller)
 	names := stream.NewNames(d.Cfg.RedisNamespace)
