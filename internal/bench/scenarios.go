@@ -38,7 +38,7 @@ const (
 
 // All lists every scenario in the order they run.
 var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
-	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest}
+	CeilingStream, GraphQLRuns, NoisyNeighbour, PriorityBacklog, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -90,6 +90,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runGraphQLRuns(ctx, o, &rep, n(1_000_000), 300)
 		case NoisyNeighbour:
 			r, err = runNoisyNeighbour(ctx, o, &rep, n(20_000), n(200))
+		case PriorityBacklog:
+			r, err = runPriorityBacklog(ctx, o, &rep, n(5000), n(200))
 		case BacklogAtQuota:
 			r, err = runBacklogAtQuota(ctx, o, &rep, n(100_000), 2*time.Minute)
 		case Tenants1:

@@ -27,8 +27,10 @@ var keyArgs = map[string]func(args []string) []int{
 	"ZADD": first, "ZREM": first, "ZSCORE": first, "ZCARD": first, "ZCOUNT": first, "ZRANGEBYSCORE": first,
 	"ZREMRANGEBYSCORE": first,
 	"XADD":             first, "XACK": first, "XDEL": first, "XLEN": first, "XAUTOCLAIM": first, "XCLAIM": first, "XPENDING": first,
-	// XGROUP <subcommand> <key> ...
+	"XRANGE": first,
+	// XGROUP <subcommand> <key> ...; XINFO GROUPS <key>
 	"XGROUP": func([]string) []int { return []int{2} },
+	"XINFO":  func([]string) []int { return []int{2} },
 	// XREADGROUP ... STREAMS <key>... <id>...
 	"XREADGROUP": func(args []string) []int {
 		for i, a := range args {
