@@ -2,15 +2,11 @@ package graph_test
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/vektah/gqlparser/v2"
-	"github.com/vektah/gqlparser/v2/ast"
 )
 
 // rateLimitCases is how tenant B reaches tenant A's rate limit "partner-api"
@@ -29,16 +25,7 @@ var rateLimitCases = map[string]struct {
 }
 
 func TestEveryRateLimitFieldIsCovered(t *testing.T) {
-	files, err := filepath.Glob("*.graphqls")
-	require.NoError(t, err)
-	var sources []*ast.Source
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		require.NoError(t, err)
-		sources = append(sources, &ast.Source{Name: f, Input: string(b)})
-	}
-	schema, gerr := gqlparser.LoadSchema(sources...)
-	require.Nil(t, gerr)
+	schema := loadSchema(t)
 	for _, typ := range []string{"Query", "Mutation"} {
 		for _, f := range schema.Types[typ].Fields {
 			for _, a := range f.Arguments {

@@ -335,59 +335,67 @@ func (w *Worker) wake(queue string) {
 }
 
 // readScript reads up to ARGV[3] new messages for consumer ARGV[2] of
-// group ARGV[1] from the streams in KEYS (one tenant's shards of every
-// priority, so one cluster slot; ARGV[4+i] is the priority of KEYS[i],
-// ARGV[4] the aging in milliseconds per priority level): one round trip
-// however many streams are empty, and never more messages than asked. When
-// the streams that exist are of one priority, it reads shard after shard
-// until it has them. When they are of several, it takes messages one at a
-// time in order of *virtual time* — the message's publish time (its id, on
-// Redis's clock) less priority × aging, ties to the higher priority — so
-// a higher priority goes first, and a lower one waits at most the
-// difference × aging behind work published after it (bounded aging: never
-// starved). The head of a stream is the first entry after the group's
-// last-delivered id. A stream without the group (Redis lost its data and
-// the enqueuer re-created the stream) gets it, from the start, and is read
-// at once; a missing stream is empty. It returns {key, entries} per read
-// that answered, or {key, error} for one that failed.
+// group ARGV[1] from one tenant's streams of a queue (one cluster slot):
+// KEYS[1] is the set of priorities other than 0 in use
+// (stream.Names.Priorities), KEYS[2..] the shards of every priority, and
+// ARGV[4+i] the priority of KEYS[i] (i ≥ 2), ARGV[4] the aging in
+// milliseconds per priority level. One round trip however many streams
+// are empty, and never more messages than asked. Only priority 0 and the
+// priorities in use are looked at; with nothing but priority 0 it reads
+// shard after shard until it has them, as before priorities. With several,
+// it takes messages one at a time in order of *virtual time* — the
+// message's publish time (its id, on Redis's clock) less priority × aging,
+// ties to the higher priority — so a higher priority goes first, and a
+// lower one waits at most the difference × aging behind work published
+// after it (bounded aging: never starved). A stream's head is the first
+// entry after the group's last-delivered id. A priority whose streams are
+// all empty (every message settled) leaves the set; the enqueuer adds it
+// again after its next message. A stream without the group (Redis lost its
+// data and the enqueuer re-created the stream) gets it, from the start,
+// and is read at once; a missing stream is empty. It returns {key,
+// entries} per read that answered, or {key, error} for one that failed.
 var readScript = redis.NewScript(`
 local want = tonumber(ARGV[3])
 local aging = tonumber(ARGV[4])
 local out = {}
-local function read(key, n)
-  local res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', key, '>')
+local function read(i, n)
+  local res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
   if type(res) == 'table' and res.err and string.find(res.err, 'NOGROUP', 1, true) then
-    redis.pcall('XGROUP', 'CREATE', key, ARGV[1], '0')
-    res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', key, '>')
+    if redis.call('EXISTS', KEYS[i]) == 0 then return nil end
+    redis.pcall('XGROUP', 'CREATE', KEYS[i], ARGV[1], '0')
+    res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
   end
   if type(res) == 'table' and res.err then
-    out[#out + 1] = {key, res.err}
+    out[#out + 1] = {KEYS[i], res.err}
     return nil
   elseif res then
-    out[#out + 1] = {key, res[1][2]}
+    out[#out + 1] = {KEYS[i], res[1][2]}
     return res[1][2]
   end
   return nil
 end
-local live, seen, levels = {}, {}, 0
-for i, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 then
-    live[#live + 1] = i
-    local p = ARGV[4 + i]
-    if not seen[p] then seen[p] = true; levels = levels + 1 end
-  end
+local inuse = {}
+local levels = 0
+for _, p in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if p ~= '0' then inuse[p] = true; levels = levels + 1 end
 end
-if levels <= 1 then
-  for _, i in ipairs(live) do
+if levels == 0 then
+  for i = 2, #KEYS do
     if want <= 0 then break end
-    local got = read(KEYS[i], want)
-    if got then want = want - #got end
+    if ARGV[4 + i] == '0' then
+      local got = read(i, want)
+      if got then want = want - #got end
+    end
   end
   return out
 end
+local live = {}
+for i = 2, #KEYS do
+  if ARGV[4 + i] == '0' or inuse[ARGV[4 + i]] then live[#live + 1] = i end
+end
 local function vtime(i, after)
-  local r = redis.call('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
-  if #r == 0 then return nil end
+  local r = redis.pcall('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then return nil end
   return tonumber(string.match(r[1][1], '^(%d+)')) - tonumber(ARGV[4 + i]) * aging
 end
 local heads = {}
@@ -412,7 +420,7 @@ while want > 0 do
     if v and (bv == nil or v < bv) then best, bv = i, v end
   end
   if best == nil then break end
-  local got = read(KEYS[best], 1)
+  local got = read(best, 1)
   if got and #got > 0 then
     want = want - 1
     heads[best] = vtime(best, got[#got][1])
@@ -420,6 +428,13 @@ while want > 0 do
     heads[best] = nil
   end
 end
+local empty = {}
+for p in pairs(inuse) do empty[p] = true end
+for _, i in ipairs(live) do
+  local p = ARGV[4 + i]
+  if empty[p] and redis.call('XLEN', KEYS[i]) > 0 then empty[p] = nil end
+end
+for p in pairs(empty) do redis.call('SREM', KEYS[1], p) end
 return out
 `)
 
@@ -433,19 +448,20 @@ func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [
 		if need <= 0 {
 			continue
 		}
-		keys := w.names.Streams(g.id, queue, g.route.shards)
+		streams := w.names.Streams(g.id, queue, g.route.shards)
 		// Rotate which shard of each priority comes first, so none is
 		// favoured.
 		n := max(g.route.shards, 1)
 		rot := int(time.Now().UnixNano() % int64(n))
-		args := make([]any, 0, 4+len(keys))
-		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds())
-		for j := 0; j+n <= len(keys); j += n {
-			level := keys[j : j+n]
+		for j := 0; j+n <= len(streams); j += n {
+			level := streams[j : j+n]
 			rotated := append(append([]string(nil), level[rot:]...), level[:rot]...)
 			copy(level, rotated)
 		}
-		for _, k := range keys {
+		keys := append([]string{w.names.Priorities(g.id, queue)}, streams...)
+		args := make([]any, 0, 4+len(keys))
+		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds(), "")
+		for _, k := range streams {
 			args = append(args, stream.KeyPriority(k))
 		}
 		cmds[i] = readScript.Eval(ctx, pipe, keys, args...)
@@ -980,6 +996,7 @@ func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
 		}
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
 		var busy []string
+		heal := w.rdb.Pipeline()
 		for i, c := range part {
 			empty := true
 			for k, l := range lens[i] {
@@ -987,12 +1004,21 @@ func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
 					empty = false
 					if err == nil {
 						busy = append(busy, keys[i][k])
+						// A priority with messages is in the tenant's set
+						// (the enqueuer adds it; this heals a set lost
+						// without its streams).
+						if p := stream.KeyPriority(keys[i][k]); p != 0 {
+							heal.SAdd(ctx, w.names.Priorities(c.route.tenant, queue), p)
+						}
 					}
 				}
 			}
 			if empty {
 				qs.settleEmpty(c)
 			}
+		}
+		if heal.Len() > 0 {
+			_, _ = heal.Exec(ctx) // best effort
 		}
 		if len(busy) == 0 {
 			continue

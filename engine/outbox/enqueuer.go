@@ -316,6 +316,11 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		// Streams are not trimmed: every message is counted in its tenant's
 		// queued hash (stream.Add), which a trim would leave behind.
 		cmds[i] = stream.Add(ctx, pipe, key, msg)
+		if r.handler == "" && r.priority != 0 {
+			// After the message (one slot: in order), so a reader that
+			// drops a level it found empty cannot miss this message.
+			pipe.SAdd(ctx, e.names.Priorities(r.tenant, r.queue), r.priority)
+		}
 	}
 	// The active set and the wake-ups tell workers that a tenant has work,
 	// and a worker that reads a tenant and finds nothing lets it rest until

@@ -73,6 +73,14 @@ func (n Names) PriorityStream(tenant uuid.UUID, queue string, shard, priority in
 	return n.Stream(tenant, queue, shard) + ":p" + strconv.Itoa(priority)
 }
 
+// Priorities is the set of the priorities other than 0 a tenant's queue
+// has streams of: the enqueuer adds a priority after publishing a message
+// of it, and the workers' read drops one whose streams are all empty
+// (settled), so a tenant that never used priorities is read as before.
+func (n Names) Priorities(tenant uuid.UUID, queue string) string {
+	return n.NS + ":{" + tenant.String() + "}:prios:" + queue
+}
+
 // KeyPriority is the priority of a PriorityStream key.
 func KeyPriority(key string) int {
 	i := strings.LastIndexByte(key, ':')

@@ -2,15 +2,12 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/workers"
 )
@@ -29,23 +26,7 @@ const PriorityBacklog = "priority-backlog"
 // ratio (same run), the backlog when they started and finished.
 func runPriorityBacklog(ctx context.Context, o Options, rep *Report, backlog, runs int) (Result, error) {
 	const stepTime, backlogStepTime, slots, k = 20 * time.Millisecond, 200 * time.Millisecond, 16, 2
-	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = slots }, func(p *probe) map[string]workers.Executor {
-		return map[string]workers.Executor{"noop": workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
-			p.started(t.Run, t.NodeID)
-			d := stepTime
-			var in struct{ Slow bool }
-			_ = json.Unmarshal(t.Input, &in)
-			if in.Slow {
-				d = backlogStepTime
-			}
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return json.RawMessage(`{}`), nil
-		})}
-	})
+	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = slots }, timedNoops(stepTime, backlogStepTime))
 	if err != nil {
 		return Result{}, err
 	}
@@ -71,47 +52,7 @@ func runPriorityBacklog(ctx context.Context, o Options, rep *Report, backlog, ru
 	}
 	// drive keeps k priority-2 runs in flight until total have finished.
 	drive := func(total int) (map[uuid.UUID]time.Time, error) {
-		var mu sync.Mutex
-		starts := map[uuid.UUID]time.Time{}
-		errc := make(chan error, k)
-		var next int
-		var wg sync.WaitGroup
-		for range k {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					mu.Lock()
-					i := next
-					next++
-					mu.Unlock()
-					if i >= total {
-						return
-					}
-					t0 := time.Now()
-					res, err := e.server.Coordinator.StartRun(ctx, e.tenant, engine.StartRun{WorkflowID: hwf, Priority: 2})
-					if err != nil {
-						errc <- err
-						return
-					}
-					mu.Lock()
-					starts[res.RunID] = t0
-					mu.Unlock()
-					select {
-					case <-e.probe.wait(res.RunID):
-					case <-time.After(2 * time.Minute):
-						errc <- fmt.Errorf("run %s did not finish", res.RunID)
-						return
-					case <-ctx.Done():
-						errc <- ctx.Err()
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errc)
-		return starts, <-errc
+		return e.driveSpread(ctx, func(int) tw { return tw{tenant: e.tenant, wf: hwf, priority: 2} }, k, total)
 	}
 	latencies := func(starts map[uuid.UUID]time.Time) Percentiles {
 		_, lat := e.chainLatencies(starts, 2)
@@ -128,7 +69,7 @@ func runPriorityBacklog(ctx context.Context, o Options, rep *Report, backlog, ru
 
 	tFill := time.Now()
 	for range max(1, backlog/width) {
-		if _, err := e.server.Coordinator.StartRun(ctx, e.tenant, engine.StartRun{WorkflowID: lwf, Priority: -2}); err != nil {
+		if _, _, err := e.startRunAt(ctx, e.tenant, lwf, -2); err != nil {
 			return Result{}, fmt.Errorf("the backlog's starts: %w", err)
 		}
 	}

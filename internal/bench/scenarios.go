@@ -180,8 +180,13 @@ func (e *env) workflowFor(ctx context.Context, tenant uuid.UUID, def string) (uu
 }
 
 func (e *env) startRun(ctx context.Context, tenant, wf uuid.UUID) (uuid.UUID, time.Time, error) {
+	return e.startRunAt(ctx, tenant, wf, 0)
+}
+
+// startRunAt is startRun at a priority.
+func (e *env) startRunAt(ctx context.Context, tenant, wf uuid.UUID, priority int) (uuid.UUID, time.Time, error) {
 	t0 := time.Now()
-	res, err := e.server.Coordinator.StartRun(ctx, tenant, engine.StartRun{WorkflowID: wf})
+	res, err := e.server.Coordinator.StartRun(ctx, tenant, engine.StartRun{WorkflowID: wf, Priority: priority})
 	return res.RunID, t0, err
 }
 
@@ -194,7 +199,7 @@ func (e *env) drive(ctx context.Context, wf uuid.UUID, k, total int) (map[uuid.U
 // driveFor is drive for any tenant.
 func (e *env) driveFor(ctx context.Context, tenant, wf uuid.UUID, k, total int) (map[uuid.UUID]time.Time, time.Duration, error) {
 	t0 := time.Now()
-	starts, err := e.driveSpread(ctx, func(int) tw { return tw{tenant, wf} }, k, total)
+	starts, err := e.driveSpread(ctx, func(int) tw { return tw{tenant: tenant, wf: wf} }, k, total)
 	return starts, time.Since(t0), err
 }
 
