@@ -67,7 +67,9 @@ func TestReadsHigherPriorityFirstAndAgesLowerOnes(t *testing.T) {
 	// Settled levels leave the set; a level published again without its
 	// entry in the set (the set lost) waits for a reclaim pass or its next
 	// publish, which add it back.
-	members := func() []string { return env.Redis.SMembers(context.Background(), n.Priorities(tenant, "default")).Val() }
+	members := func() []string {
+		return env.Redis.SMembers(context.Background(), n.Priorities(tenant, "default")).Val()
+	}
 	assert.ElementsMatch(t, []string{"-2", "-1", "1", "2"}, members(), "delivered but not settled: still in use")
 	for _, p := range []int{-2, -1, 1, 2} {
 		for shard := range 2 {
