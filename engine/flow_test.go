@@ -123,6 +123,17 @@ func TestAStepOverItsLimitWaitsOnTheSameAttempt(t *testing.T) {
 		third.ID).Scan(&due))
 	assert.InDelta(t, time.Second.Seconds(), due.Seconds(), 0.3, "re-dispatched for its token")
 	assert.Equal(t, 0, f.count(`SELECT count(*) FROM task_instances WHERE run_id = $1 AND last_error IS NOT NULL`, runs[2]), "no failure recorded")
+	var detail json.RawMessage
+	require.NoError(t, f.env.System.QueryRow(ctx, `SELECT detail FROM run_events WHERE run_id = $1 AND kind = 'rate_limited' AND attempt = 1`,
+		runs[2]).Scan(&detail))
+	var d struct {
+		Limit, Key string
+		WaitMS     float64 `json:"wait_ms"`
+	}
+	require.NoError(t, json.Unmarshal(detail, &d))
+	assert.Equal(t, "partner-api", d.Limit)
+	assert.Equal(t, "a", d.Key)
+	assert.InDelta(t, 1000, d.WaitMS, 300, "the timeline says why it waits, and for how long")
 
 	// Early: still its reservation's, deferred again; on time: runs.
 	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, "w1", 30*time.Second, reqs(runs[2]))

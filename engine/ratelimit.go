@@ -25,18 +25,25 @@ type StepLimits interface {
 
 // qDeferTask gives a just-granted lease back — the task pending again on
 // the same attempt — and re-dispatches it through the outbox when its
-// token is due ($6 seconds from now). Fenced like a release: only this
-// owner's live lease on that attempt.
+// token is due ($6 seconds from now), with a `rate_limited` timeline entry
+// naming the limit ($7), the key ($8) and the wait, so a reader sees why
+// the step waits. Fenced like a release: only this owner's live lease on
+// that attempt.
 const qDeferTask = `WITH released AS (
 		UPDATE task_instances SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL,
 		       dispatch_at = now(), updated_at = now()
 		 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
 		RETURNING tenant_id, run_id, id, node_id, node_type, queue, config, attempt
+	), dispatched AS (
+		INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at, priority)
+		SELECT t.tenant_id, coalesce(t.queue, 'default'), t.run_id, t.id, t.node_id, t.node_type, t.config->'task'->>'handler', t.attempt,
+		       r.traceparent, now() + make_interval(secs => $6), coalesce((t.config->>'priority')::int, 0)
+		  FROM released t JOIN workflow_runs r ON r.tenant_id = t.tenant_id AND r.id = t.run_id
 	)
-	INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at, priority)
-	SELECT t.tenant_id, coalesce(t.queue, 'default'), t.run_id, t.id, t.node_id, t.node_type, t.config->'task'->>'handler', t.attempt,
-	       r.traceparent, now() + make_interval(secs => $6), coalesce((t.config->>'priority')::int, 0)
-	  FROM released t JOIN workflow_runs r ON r.tenant_id = t.tenant_id AND r.id = t.run_id`
+	INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
+	SELECT tenant_id, run_id, 'rate_limited', node_id, id, attempt,
+	       jsonb_build_object('status', 'running', 'limit', $7::text, 'key', $8::text, 'wait_ms', round($6 * 1000))
+	  FROM released`
 
 const qRateLimitOf = `SELECT per_second, burst FROM rate_limits WHERE tenant_id = $1 AND name = $2`
 
@@ -103,7 +110,7 @@ func (c *Coordinator) deferRateLimited(ctx context.Context, owner string, groups
 			byTenant[t.group] = b
 		}
 		r := groups[t.group].Requests[t.idx]
-		b.Queue(qDeferTask, groups[t.group].Tenant, r.RunID, r.TaskID, r.Attempt, owner, waits[i].Seconds())
+		b.Queue(qDeferTask, groups[t.group].Tenant, r.RunID, r.TaskID, r.Attempt, owner, waits[i].Seconds(), t.req.Limit, t.req.Key)
 		deferred = append(deferred, t)
 	}
 	if len(deferred) == 0 {
