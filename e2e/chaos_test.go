@@ -201,12 +201,14 @@ func TestChaos(t *testing.T) {
 		step("a"), step("b", "a"), step("c", "a"), step("d", "b", "c"))))
 	require.NoError(t, err)
 
-	// Runs start throughout the chaos, so kills land on work in flight.
+	// Runs start throughout the chaos, so kills land on work in flight;
+	// they spread over every priority, so their streams go through it too.
 	const runs = 200
 	startErr := make(chan error, 1)
 	go func() {
 		for i := 0; i < runs; i++ {
-			if _, err := coord.StartRun(ctx, tn.ID, engine.StartRun{WorkflowID: wf.ID, Input: json.RawMessage(fmt.Sprintf(`{"i": %d}`, i))}); err != nil {
+			if _, err := coord.StartRun(ctx, tn.ID, engine.StartRun{WorkflowID: wf.ID, Input: json.RawMessage(fmt.Sprintf(`{"i": %d}`, i)),
+				Priority: i%5 - 2}); err != nil {
 				startErr <- err
 				return
 			}

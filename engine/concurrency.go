@@ -318,11 +318,12 @@ func (c *Coordinator) WorkflowKeys(ctx context.Context, tx *pg.Tx, workflow uuid
 // and its outbox row is due at notBefore with a slot, held ('infinity')
 // without. The key, its limit and the slot live on the task row, written
 // earlier in the same batch, so each statement reads them there.
-func (p *persister) dispatchKeyed(n *dag.Node, node string, t taskRef, attempt int, notBefore time.Time) {
+func (p *persister) dispatchKeyed(n *dag.Node, node string, t taskRef, attempt int, notBefore time.Time, priority int) {
 	tenant := p.tx.Tenant
 	p.exec(qLockTaskKey, tenant, p.runID, t.id)
 	p.exec(qTakeSlot, tenant, p.runID, t.id)
-	p.exec(qInsertKeyedOutbox, tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), n.HandlerName(), attempt, p.traceparent, notBefore)
+	p.exec(qInsertKeyedOutbox, tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), n.HandlerName(), attempt, p.traceparent, notBefore,
+		priority)
 }
 
 // releaseSlot gives back the slot of a keyed step's task that ends, drops
@@ -348,9 +349,10 @@ const (
 			          AND h.concurrency_slot AND h.state IN ('pending', 'running')) < t.concurrency_limit
 			   AND NOT EXISTS (SELECT 1 FROM task_instances w WHERE w.tenant_id = t.tenant_id AND w.concurrency_key = t.concurrency_key
 			          AND w.state = 'pending' AND NOT w.concurrency_slot AND (w.created_at, w.id) < (t.created_at, t.id))`
-	qInsertKeyedOutbox = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at)
+	qInsertKeyedOutbox = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at,
+				priority)
 			SELECT $1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''),
-			       CASE WHEN t.concurrency_slot THEN $10::timestamptz ELSE 'infinity' END
+			       CASE WHEN t.concurrency_slot THEN $10::timestamptz ELSE 'infinity' END, $11
 			  FROM task_instances t WHERE t.tenant_id = $1 AND t.run_id = $3 AND t.id = $4`
 	qDropHeldOutbox = `DELETE FROM outbox WHERE tenant_id = $1 AND task_id = $2 AND next_attempt_at = 'infinity'`
 	// The ended task is no longer pending or running (its UPDATE came first

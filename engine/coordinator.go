@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -56,6 +57,9 @@ type Options struct {
 	// Slots, when set, enforces each tenant's running-task quota when leases
 	// are granted (see SlotGate); without it there is no such quota.
 	Slots SlotGate
+	// StepLimits, when set, enforces steps' rate limits when leases are
+	// granted (ratelimit.go); without it they run unlimited.
+	StepLimits StepLimits
 	// Hooks see every transition inside its transaction, before its
 	// actions are written, and queue statements that commit with it (usage
 	// meters, webhook deliveries): what they write exists if and only if
@@ -154,6 +158,10 @@ type Coordinator struct {
 	defs   *defCache
 	opts   Options
 	limits *limitCache
+	// rateLimits caches tenants' step rate limits; rateDeferred counts
+	// the steps deferred for theirs.
+	rateLimits   *rateLimitCache
+	rateDeferred atomic.Int64
 	// fault, in tests, makes persisting fail at a given action index.
 	fault func(action int) bool
 }
@@ -163,7 +171,8 @@ func NewCoordinator(db *pg.DB, o Options) *Coordinator {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o, limits: newLimitCache(db)}
+	return &Coordinator{db: db, log: o.Logger, defs: newDefCache(10_000), opts: o, limits: newLimitCache(db),
+		rateLimits: newRateLimitCache(db)}
 }
 
 // Ack answers a report or command. Ignored events are acknowledged too:
@@ -200,6 +209,9 @@ type StartRun struct {
 
 	// parent is set for the child run a workflow node starts (child.go).
 	parent *parentLink
+	// Priority is the run's priority, dag.MinPriority..dag.MaxPriority (0
+	// by default): its tasks', unless their node sets one.
+	Priority int
 }
 
 // Started is StartRun's answer.
@@ -228,6 +240,9 @@ func (c *Coordinator) StartRun(ctx context.Context, tenant uuid.UUID, req StartR
 		return Started{}, errs.E(errs.Invalid, "version must be positive")
 	}
 	if err := checkMetadata("metadata", req.Metadata, dag.MaxMetadataKeys); err != nil {
+		return Started{}, err
+	}
+	if err := checkPriority(req.Priority); err != nil {
 		return Started{}, err
 	}
 	var out Started
@@ -335,7 +350,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		}
 		err = tx.QueryRow(ctx, qInsertRun,
 			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta),
-			parentRun, parentTask, parentNode, depth, string(status), ckey).Scan(&now)
+			parentRun, parentTask, parentNode, depth, string(status), ckey, req.Priority).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -357,7 +372,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			out, err = c.queueRun(ctx, tx, runID, fmt.Sprintf("concurrency key %q is at its limit of %d", adm.key, def.wf.Concurrency.Limit))
 			return err
 		}
-		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
+		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}, Priority: req.Priority}
 		var first sm.Event = sm.RunStarted{}
 		if adm.cancel != "" {
 			first = sm.CancelRequested{Reason: adm.cancel}
@@ -371,7 +386,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
 			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open, parent: req.parent, depth: depth,
-			concurrencyKey: adm.key, wakeTimers: adm.supersedes}
+			concurrencyKey: adm.key, wakeTimers: adm.supersedes, priority: req.Priority}
 		if err := p.persist(ctx, first, tr, eventRef{}); err != nil {
 			return err
 		}
@@ -956,7 +971,7 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 	}
 	p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
 		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open,
-		parent: row.parent, depth: row.depth, concurrencyKey: row.concurrencyKey}
+		parent: row.parent, depth: row.depth, concurrencyKey: row.concurrencyKey, priority: run.Priority}
 	for id, t := range run.Tasks {
 		p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 	}
@@ -997,10 +1012,12 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (run
 	var input []byte
 	var parentRun, parentTask *uuid.UUID
 	var parentNode *string
+	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	b.Queue(qLockRun, tx.Tenant, runID).
 		QueryRow(func(r pgx.Row) error {
 			var ckey *string
-			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth, &ckey)
+			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth, &ckey,
+				&run.Priority)
 			if ckey != nil {
 				row.concurrencyKey = *ckey
 			}
@@ -1012,7 +1029,6 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (run
 	if queue != "" {
 		b.Queue(qQueuePaused, tx.Tenant, queue).QueryRow(func(r pgx.Row) error { return r.Scan(&row.queuePaused) })
 	}
-	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	row.started = map[string]time.Time{}
 	b.Queue(qRunTasks, tx.Tenant, runID).
 		Query(func(rows pgx.Rows) error {
@@ -1140,5 +1156,5 @@ func (c *Coordinator) RerunAsNew(ctx context.Context, tenant, runID uuid.UUID) (
 		return Started{}, err
 	}
 	return c.StartRun(ctx, tenant, StartRun{WorkflowID: old.WorkflowID, Version: old.WorkflowVersion, Input: old.Input, RerunOf: runID,
-		Metadata: old.Metadata})
+		Metadata: old.Metadata, Priority: old.Priority})
 }

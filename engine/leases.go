@@ -201,6 +201,9 @@ func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl tim
 			err = fmt.Errorf("acquire leases: %w", err)
 		}
 	}
+	if err == nil {
+		c.deferRateLimited(ctx, owner, groups)
+	}
 	for gi := range groups {
 		g, p := &groups[gi], &preps[gi]
 		if p.members == nil {

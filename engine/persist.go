@@ -42,6 +42,8 @@ type persister struct {
 	next      *Lease
 	// readBack, when set, receives the run as the transaction leaves it.
 	readBack *RunView
+	// priority is the run's (its tasks' when their node sets none).
+	priority int
 	// open leaves the transaction open after the transition (a start
 	// among others in one publish's transaction) instead of committing
 	// with its last batch.
@@ -158,7 +160,10 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			if !a.State.Active() {
 				finishedAt = &p.now
 			}
-			config := p.def.configOf(a.NodeID)
+			var config []byte
+			if cfg := p.def.configOf(a.NodeID); cfg != nil {
+				config = taskConfig(cfg, p.def.wf.Node(a.NodeID), a.Priority, a.RateKey)
+			}
 			if a.NodeID == p.eagerNode {
 				// Created already leased to the reporting worker: the
 				// state and lease columns the lease UPDATE would write.
@@ -357,7 +362,9 @@ func (p *persister) eagerCandidate(tr sm.Transition, ref eventRef) string {
 			}
 		case sm.Dispatch:
 			n := p.def.wf.Node(a.NodeID)
-			if created[a.NodeID] && a.Attempt == 1 && !a.NotBefore.After(p.now) && ref.eager.accepts(n) {
+			// A rate-limited step takes its token where leases are taken:
+			// it is never leased eagerly.
+			if created[a.NodeID] && a.Attempt == 1 && !a.NotBefore.After(p.now) && ref.eager.accepts(n) && n.RateLimit == nil {
 				return a.NodeID
 			}
 		}
@@ -370,23 +377,27 @@ func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 	t := p.task(node)
 	p.dispatched = true
 	handler := n.HandlerName()
+	prio := p.priority
+	if n.Priority != nil {
+		prio = *n.Priority
+	}
 	if n.Concurrency != nil {
-		p.dispatchKeyed(n, node, t, attempt, notBefore)
+		p.dispatchKeyed(n, node, t, attempt, notBefore, prio)
 		return
 	}
 	const insert = qInsertOutbox
 	if p.c.opts.PublishNow == nil || notBefore.After(p.now) {
-		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent, notBefore)
+		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent, notBefore, prio)
 		return
 	}
 	// The fast path: published by this process after commit; due for
 	// everyone else only if that never happens.
 	f := outbox.Fresh{Tenant: p.tx.Tenant, Queue: n.QueueName(), Run: p.runID, Task: t.id, Node: node, Type: string(n.Type),
-		Handler: handler, Attempt: attempt, TraceParent: p.traceparent}
+		Handler: handler, Attempt: attempt, TraceParent: p.traceparent, Priority: prio}
 	i := len(p.fresh)
 	p.fresh = append(p.fresh, f)
 	p.b.Queue(insert+` RETURNING id`, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent,
-		notBefore.Add(outbox.FastPathGrace)).QueryRow(func(r pgx.Row) error { return r.Scan(&p.fresh[i].ID) })
+		notBefore.Add(outbox.FastPathGrace), prio).QueryRow(func(r pgx.Row) error { return r.Scan(&p.fresh[i].ID) })
 }
 
 // finishRun writes the run's terminal state once (the status guard) and

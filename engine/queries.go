@@ -39,6 +39,7 @@ type RunView struct {
 	// ConcurrencyKey is the run's key under its workflow's concurrency
 	// limit.
 	ConcurrencyKey *string `json:"concurrency_key,omitempty"`
+	Priority       int     `json:"priority"`
 	// Snapshot, when set, holds the run's tasks and workflow as read with
 	// it (a live update read once and given to every subscriber): readers
 	// use them rather than loading their own.
@@ -75,12 +76,12 @@ type TaskView struct {
 }
 
 const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata,
-	parent_run_id, parent_node, concurrency_key`
+	parent_run_id, parent_node, concurrency_key, priority`
 
 func scanRun(row pgx.Row) (RunView, error) {
 	var r RunView
 	err := row.Scan(&r.ID, &r.WorkflowID, &r.WorkflowVersion, &r.Status, &r.Input, &r.Output, &r.Error, &r.IdempotencyKey,
-		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode, &r.ConcurrencyKey)
+		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode, &r.ConcurrencyKey, &r.Priority)
 	return r, err
 }
 
@@ -443,8 +444,8 @@ const (
 	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
 				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
 	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata,
-				parent_run_id, parent_task_id, parent_node, depth, concurrency_key)
-			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13, $15) RETURNING created_at`
+				parent_run_id, parent_task_id, parent_node, depth, concurrency_key, priority)
+			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13, $15, $16) RETURNING created_at`
 	qInsertRunMetadata = `INSERT INTO run_metadata (tenant_id, run_id, key, value) SELECT $1, $2, k, v FROM unnest($3::text[], $4::text[]) AS m(k, v)`
 	qIdempotentRun     = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
 		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
@@ -464,7 +465,7 @@ const (
 	qTakeTimer = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
 			RETURNING kind, coalesce(node_id, ''), task_id, attempt, detail`
 	qLockRun = `UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
-		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth, concurrency_key`
+		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth, concurrency_key, priority`
 	qRunTasks          = `SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`
 	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`
@@ -537,8 +538,8 @@ const (
 				WHERE tenant_id = $1 AND id = $2 AND status IN ('failed', 'cancelled')`
 	qInsertEvent  = `INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`
 	qReadBackRun  = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
-	qInsertOutbox = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at)
-		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''), $10)`
+	qInsertOutbox = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at, priority)
+		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''), $10, $11)`
 	qFinishRun = `UPDATE workflow_runs SET status = $3, output = $4, error = $5, finished_at = now(), updated_at = now()
 		WHERE tenant_id = $1 AND id = $2 AND status = 'running'`
 	qDeleteRunTimers = `DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2`
@@ -594,10 +595,10 @@ const (
 			   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.tenant_id = t.tenant_id AND o.task_id = t.id)
 			   AND r.tenant_id = t.tenant_id AND r.id = t.run_id AND r.status = 'running'
 			RETURNING t.tenant_id, t.run_id, t.id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler' AS handler,
-			          t.attempt, r.traceparent
+			          t.attempt, r.traceparent, coalesce((t.config->>'priority')::int, 0) AS priority
 		), dispatched AS (
-			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent)
-			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent FROM lost
+			INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, priority)
+			SELECT tenant_id, coalesce(queue, 'default'), run_id, id, node_id, node_type, handler, attempt, traceparent, priority FROM lost
 		), timeline AS (
 			INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail)
 			SELECT tenant_id, run_id, 'redispatched', node_id, id, attempt,

@@ -197,9 +197,11 @@ type ComplexityRoot struct {
 		ChangeMemberRole       func(childComplexity int, subject string, role model.Role) int
 		CreateAPIKey           func(childComplexity int, input model.CreateAPIKeyInput) int
 		CreateBulkOperation    func(childComplexity int, input model.CreateBulkOperationInput) int
+		CreateRateLimit        func(childComplexity int, input model.RateLimitInput) int
 		CreateSchedule         func(childComplexity int, input model.CreateScheduleInput) int
 		CreateWebhookEndpoint  func(childComplexity int, input model.CreateWebhookEndpointInput) int
 		CreateWorkflow         func(childComplexity int, input model.CreateWorkflowInput) int
+		DeleteRateLimit        func(childComplexity int, name string) int
 		DeleteSchedule         func(childComplexity int, id uuid.UUID) int
 		DeleteWebhookEndpoint  func(childComplexity int, id uuid.UUID) int
 		DisableWebhookEndpoint func(childComplexity int, id uuid.UUID) int
@@ -219,6 +221,7 @@ type ComplexityRoot struct {
 		SendWebhookTestPing    func(childComplexity int, endpointID uuid.UUID) int
 		SignalRun              func(childComplexity int, id uuid.UUID, name string, payload json.RawMessage, signalID *string) int
 		StartRun               func(childComplexity int, input model.StartRunInput) int
+		UpdateRateLimit        func(childComplexity int, input model.RateLimitInput) int
 		UpdateSchedule         func(childComplexity int, id uuid.UUID, input model.UpdateScheduleInput) int
 		UpdateWebhookEndpoint  func(childComplexity int, id uuid.UUID, input model.UpdateWebhookEndpointInput) int
 	}
@@ -243,6 +246,8 @@ type ComplexityRoot struct {
 		InvoicePreview    func(childComplexity int, period *string) int
 		Members           func(childComplexity int) int
 		PausedQueues      func(childComplexity int) int
+		RateLimit         func(childComplexity int, name string) int
+		RateLimits        func(childComplexity int) int
 		Run               func(childComplexity int, id uuid.UUID) int
 		Runs              func(childComplexity int, first *int, after *string, filter *model.RunFilter) int
 		Schedule          func(childComplexity int, id uuid.UUID) int
@@ -263,6 +268,15 @@ type ComplexityRoot struct {
 		PausedBy func(childComplexity int) int
 		Queue    func(childComplexity int) int
 		Reason   func(childComplexity int) int
+	}
+
+	RateLimit struct {
+		Burst       func(childComplexity int) int
+		CreatedAt   func(childComplexity int) int
+		Description func(childComplexity int) int
+		Name        func(childComplexity int) int
+		PerSecond   func(childComplexity int) int
+		UpdatedAt   func(childComplexity int) int
 	}
 
 	ResumeQueuePayload struct {
@@ -287,6 +301,7 @@ type ComplexityRoot struct {
 		Output          func(childComplexity int) int
 		ParentNode      func(childComplexity int) int
 		ParentRunID     func(childComplexity int) int
+		Priority        func(childComplexity int) int
 		RerunOf         func(childComplexity int) int
 		Status          func(childComplexity int) int
 		Tasks           func(childComplexity int) int
@@ -420,6 +435,7 @@ type ComplexityRoot struct {
 
 	TenantLimits struct {
 		MaxQueuedTasks             func(childComplexity int) int
+		MaxRateLimits              func(childComplexity int) int
 		MaxRunningTasks            func(childComplexity int) int
 		MaxSchedules               func(childComplexity int) int
 		MinScheduleIntervalSeconds func(childComplexity int) int
@@ -590,6 +606,9 @@ type MutationResolver interface {
 	CreateBulkOperation(ctx context.Context, input model.CreateBulkOperationInput) (*model.CreateBulkOperationPayload, error)
 	CancelBulkOperation(ctx context.Context, id uuid.UUID) (*engine.BulkOperation, error)
 	PublishEvent(ctx context.Context, input model.PublishEventInput) (*model.PublishEventPayload, error)
+	CreateRateLimit(ctx context.Context, input model.RateLimitInput) (*tenants.RateLimit, error)
+	UpdateRateLimit(ctx context.Context, input model.RateLimitInput) (*tenants.RateLimit, error)
+	DeleteRateLimit(ctx context.Context, name string) (string, error)
 	CreateSchedule(ctx context.Context, input model.CreateScheduleInput) (*schedules.Schedule, error)
 	UpdateSchedule(ctx context.Context, id uuid.UUID, input model.UpdateScheduleInput) (*schedules.Schedule, error)
 	PauseSchedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
@@ -621,6 +640,8 @@ type QueryResolver interface {
 	ConcurrencyKeys(ctx context.Context, workflowID uuid.UUID, first *int) ([]model.ConcurrencyKeyState, error)
 	Events(ctx context.Context, name *string, first *int, after *string) (*model.EventConnection, error)
 	Event(ctx context.Context, id uuid.UUID) (*engine.Event, error)
+	RateLimits(ctx context.Context) ([]tenants.RateLimit, error)
+	RateLimit(ctx context.Context, name string) (*tenants.RateLimit, error)
 	Schedules(ctx context.Context, workflowID *uuid.UUID, first *int, after *string) (*model.ScheduleConnection, error)
 	Schedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
 	WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoint, error)
@@ -1293,6 +1314,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateBulkOperation(childComplexity, args["input"].(model.CreateBulkOperationInput)), true
+	case "Mutation.createRateLimit":
+		if e.ComplexityRoot.Mutation.CreateRateLimit == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_createRateLimit_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.CreateRateLimit(childComplexity, args["input"].(model.RateLimitInput)), true
 	case "Mutation.createSchedule":
 		if e.ComplexityRoot.Mutation.CreateSchedule == nil {
 			break
@@ -1326,6 +1358,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateWorkflow(childComplexity, args["input"].(model.CreateWorkflowInput)), true
+	case "Mutation.deleteRateLimit":
+		if e.ComplexityRoot.Mutation.DeleteRateLimit == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteRateLimit_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteRateLimit(childComplexity, args["name"].(string)), true
 	case "Mutation.deleteSchedule":
 		if e.ComplexityRoot.Mutation.DeleteSchedule == nil {
 			break
@@ -1535,6 +1578,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.StartRun(childComplexity, args["input"].(model.StartRunInput)), true
+	case "Mutation.updateRateLimit":
+		if e.ComplexityRoot.Mutation.UpdateRateLimit == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_updateRateLimit_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.UpdateRateLimit(childComplexity, args["input"].(model.RateLimitInput)), true
 	case "Mutation.updateSchedule":
 		if e.ComplexityRoot.Mutation.UpdateSchedule == nil {
 			break
@@ -1674,6 +1728,23 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.PausedQueues(childComplexity), true
+	case "Query.rateLimit":
+		if e.ComplexityRoot.Query.RateLimit == nil {
+			break
+		}
+
+		args, err := ec.field_Query_rateLimit_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.RateLimit(childComplexity, args["name"].(string)), true
+	case "Query.rateLimits":
+		if e.ComplexityRoot.Query.RateLimits == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Query.RateLimits(childComplexity), true
 	case "Query.run":
 		if e.ComplexityRoot.Query.Run == nil {
 			break
@@ -1823,6 +1894,43 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.QueuePause.Reason(childComplexity), true
 
+	case "RateLimit.burst":
+		if e.ComplexityRoot.RateLimit.Burst == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RateLimit.Burst(childComplexity), true
+	case "RateLimit.createdAt":
+		if e.ComplexityRoot.RateLimit.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RateLimit.CreatedAt(childComplexity), true
+	case "RateLimit.description":
+		if e.ComplexityRoot.RateLimit.Description == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RateLimit.Description(childComplexity), true
+	case "RateLimit.name":
+		if e.ComplexityRoot.RateLimit.Name == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RateLimit.Name(childComplexity), true
+	case "RateLimit.perSecond":
+		if e.ComplexityRoot.RateLimit.PerSecond == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RateLimit.PerSecond(childComplexity), true
+	case "RateLimit.updatedAt":
+		if e.ComplexityRoot.RateLimit.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RateLimit.UpdatedAt(childComplexity), true
+
 	case "ResumeQueuePayload.queue":
 		if e.ComplexityRoot.ResumeQueuePayload.Queue == nil {
 			break
@@ -1915,6 +2023,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Run.ParentRunID(childComplexity), true
+	case "Run.priority":
+		if e.ComplexityRoot.Run.Priority == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.Priority(childComplexity), true
 	case "Run.rerunOf":
 		if e.ComplexityRoot.Run.RerunOf == nil {
 			break
@@ -2505,6 +2619,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.TenantLimits.MaxQueuedTasks(childComplexity), true
+	case "TenantLimits.maxRateLimits":
+		if e.ComplexityRoot.TenantLimits.MaxRateLimits == nil {
+			break
+		}
+
+		return e.ComplexityRoot.TenantLimits.MaxRateLimits(childComplexity), true
 	case "TenantLimits.maxRunningTasks":
 		if e.ComplexityRoot.TenantLimits.MaxRunningTasks == nil {
 			break
@@ -3067,6 +3187,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			graphql.NewInputUnmarshaler("CreateWebhookEndpointInput", ec.unmarshalInputCreateWebhookEndpointInput),
 			graphql.NewInputUnmarshaler("CreateWorkflowInput", ec.unmarshalInputCreateWorkflowInput),
 			graphql.NewInputUnmarshaler("PublishEventInput", ec.unmarshalInputPublishEventInput),
+			graphql.NewInputUnmarshaler("RateLimitInput", ec.unmarshalInputRateLimitInput),
 			graphql.NewInputUnmarshaler("RunFilter", ec.unmarshalInputRunFilter),
 			graphql.NewInputUnmarshaler("StartRunInput", ec.unmarshalInputStartRunInput),
 			graphql.NewInputUnmarshaler("UpdateScheduleInput", ec.unmarshalInputUpdateScheduleInput),
@@ -3163,7 +3284,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "schedules.graphqls" "schema.graphqls" "webhooks.graphqls"
+//go:embed "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -3179,6 +3300,7 @@ var sources = []*ast.Source{
 	{Name: "bulk.graphqls", Input: sourceData("bulk.graphqls"), BuiltIn: false},
 	{Name: "concurrency.graphqls", Input: sourceData("concurrency.graphqls"), BuiltIn: false},
 	{Name: "events.graphqls", Input: sourceData("events.graphqls"), BuiltIn: false},
+	{Name: "flow.graphqls", Input: sourceData("flow.graphqls"), BuiltIn: false},
 	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
 	{Name: "webhooks.graphqls", Input: sourceData("webhooks.graphqls"), BuiltIn: false},
@@ -3477,6 +3599,24 @@ func (ec *executionContext) childFields_QueuePause(ctx context.Context, field gr
 	return nil, fmt.Errorf("no field named %q was found under type QueuePause", field.Name)
 }
 
+func (ec *executionContext) childFields_RateLimit(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "name":
+		return ec.fieldContext_RateLimit_name(ctx, field)
+	case "perSecond":
+		return ec.fieldContext_RateLimit_perSecond(ctx, field)
+	case "burst":
+		return ec.fieldContext_RateLimit_burst(ctx, field)
+	case "description":
+		return ec.fieldContext_RateLimit_description(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_RateLimit_createdAt(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_RateLimit_updatedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RateLimit", field.Name)
+}
+
 func (ec *executionContext) childFields_ResumeQueuePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "queue":
@@ -3517,6 +3657,8 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_idempotencyKey(ctx, field)
 	case "metadata":
 		return ec.fieldContext_Run_metadata(ctx, field)
+	case "priority":
+		return ec.fieldContext_Run_priority(ctx, field)
 	case "rerunOf":
 		return ec.fieldContext_Run_rerunOf(ctx, field)
 	case "concurrencyKey":
@@ -3785,6 +3927,8 @@ func (ec *executionContext) childFields_TenantLimits(ctx context.Context, field 
 		return ec.fieldContext_TenantLimits_weight(ctx, field)
 	case "spendCapCents":
 		return ec.fieldContext_TenantLimits_spendCapCents(ctx, field)
+	case "maxRateLimits":
+		return ec.fieldContext_TenantLimits_maxRateLimits(ctx, field)
 	case "maxSchedules":
 		return ec.fieldContext_TenantLimits_maxSchedules(ctx, field)
 	case "minScheduleIntervalSeconds":
@@ -4345,6 +4489,20 @@ func (ec *executionContext) field_Mutation_createBulkOperation_args(ctx context.
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_createRateLimit_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.RateLimitInput, error) {
+			return ec.unmarshalNRateLimitInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRateLimitInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_createSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4384,6 +4542,20 @@ func (ec *executionContext) field_Mutation_createWorkflow_args(ctx context.Conte
 		return nil, err
 	}
 	args["input"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_deleteRateLimit_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
 	return args, nil
 }
 
@@ -4717,6 +4889,20 @@ func (ec *executionContext) field_Mutation_startRun_args(ctx context.Context, ra
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_updateRateLimit_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.RateLimitInput, error) {
+			return ec.unmarshalNRateLimitInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRateLimitInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_updateSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4910,6 +5096,20 @@ func (ec *executionContext) field_Query_invoicePreview_args(ctx context.Context,
 		return nil, err
 	}
 	args["period"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_rateLimit_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
 	return args, nil
 }
 
@@ -8126,6 +8326,138 @@ func (ec *executionContext) fieldContext_Mutation_publishEvent(ctx context.Conte
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_createRateLimit(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_createRateLimit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().CreateRateLimit(ctx, fc.Args["input"].(model.RateLimitInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *tenants.RateLimit) graphql.Marshaler {
+			return ec.marshalNRateLimit2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_createRateLimit(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RateLimit(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_createRateLimit_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_updateRateLimit(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_updateRateLimit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().UpdateRateLimit(ctx, fc.Args["input"].(model.RateLimitInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *tenants.RateLimit) graphql.Marshaler {
+			return ec.marshalNRateLimit2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_updateRateLimit(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RateLimit(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_updateRateLimit_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteRateLimit(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteRateLimit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteRateLimit(ctx, fc.Args["name"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteRateLimit(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type String does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteRateLimit_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_createSchedule(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -9443,6 +9775,82 @@ func (ec *executionContext) fieldContext_Query_event(ctx context.Context, field 
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_rateLimits(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_rateLimits(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Query().RateLimits(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []tenants.RateLimit) graphql.Marshaler {
+			return ec.marshalNRateLimit2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimitᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_rateLimits(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RateLimit(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_rateLimit(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_rateLimit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().RateLimit(ctx, fc.Args["name"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *tenants.RateLimit) graphql.Marshaler {
+			return ec.marshalORateLimit2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_rateLimit(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RateLimit(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_rateLimit_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_schedules(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -9863,6 +10271,144 @@ func (ec *executionContext) fieldContext_QueuePause_pausedAt(_ context.Context, 
 	return graphql.NewScalarFieldContext("QueuePause", field, false, false, "Time")
 }
 
+func (ec *executionContext) _RateLimit_name(ctx context.Context, field graphql.CollectedField, obj *tenants.RateLimit) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RateLimit_name(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Name, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RateLimit_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RateLimit", field, false, false, "String")
+}
+
+func (ec *executionContext) _RateLimit_perSecond(ctx context.Context, field graphql.CollectedField, obj *tenants.RateLimit) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RateLimit_perSecond(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PerSecond, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v float64) graphql.Marshaler {
+			return ec.marshalNFloat2float64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RateLimit_perSecond(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RateLimit", field, false, false, "Float")
+}
+
+func (ec *executionContext) _RateLimit_burst(ctx context.Context, field graphql.CollectedField, obj *tenants.RateLimit) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RateLimit_burst(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Burst, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RateLimit_burst(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RateLimit", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RateLimit_description(ctx context.Context, field graphql.CollectedField, obj *tenants.RateLimit) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RateLimit_description(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Description, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RateLimit_description(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RateLimit", field, false, false, "String")
+}
+
+func (ec *executionContext) _RateLimit_createdAt(ctx context.Context, field graphql.CollectedField, obj *tenants.RateLimit) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RateLimit_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RateLimit_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RateLimit", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RateLimit_updatedAt(ctx context.Context, field graphql.CollectedField, obj *tenants.RateLimit) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RateLimit_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RateLimit_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RateLimit", field, false, false, "Time")
+}
+
 func (ec *executionContext) _ResumeQueuePayload_queue(ctx context.Context, field graphql.CollectedField, obj *model.ResumeQueuePayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10187,6 +10733,29 @@ func (ec *executionContext) _Run_metadata(ctx context.Context, field graphql.Col
 }
 func (ec *executionContext) fieldContext_Run_metadata(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Run", field, true, true, "JSON")
+}
+
+func (ec *executionContext) _Run_priority(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_priority(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Priority, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Run_priority(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Run_rerunOf(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -12675,6 +13244,29 @@ func (ec *executionContext) _TenantLimits_spendCapCents(ctx context.Context, fie
 }
 func (ec *executionContext) fieldContext_TenantLimits_spendCapCents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("TenantLimits", field, true, true, "Int64")
+}
+
+func (ec *executionContext) _TenantLimits_maxRateLimits(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_TenantLimits_maxRateLimits(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MaxRateLimits, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_TenantLimits_maxRateLimits(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("TenantLimits", field, false, false, "Int")
 }
 
 func (ec *executionContext) _TenantLimits_maxSchedules(ctx context.Context, field graphql.CollectedField, obj *tenants.Limits) (ret graphql.Marshaler) {
@@ -16194,6 +16786,69 @@ func UnmarshalPublishEventInput(ctx context.Context, raw any) (model.PublishEven
 	return out, err
 }
 
+func (ec *executionContext) unmarshalInputRateLimitInput(ctx context.Context, obj any) (model.RateLimitInput, error) {
+	var it model.RateLimitInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"name", "perSecond", "burst", "description"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "name":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("name"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Name = data
+		case "perSecond":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("perSecond"))
+			data, err := ec.unmarshalNFloat2float64(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.PerSecond = data
+		case "burst":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("burst"))
+			data, err := ec.unmarshalNInt2int(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Burst = data
+		case "description":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("description"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Description = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalRateLimitInput unmarshals raw into the RateLimitInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalRateLimitInput(ctx context.Context, raw any) (model.RateLimitInput, error) {
+	var out model.RateLimitInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "RateLimitInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputRunFilter(ctx context.Context, obj any) (model.RunFilter, error) {
 	var it model.RunFilter
 	if obj == nil {
@@ -16282,7 +16937,7 @@ func (ec *executionContext) unmarshalInputStartRunInput(ctx context.Context, obj
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"workflowId", "workflowName", "version", "input", "idempotencyKey", "metadata"}
+	fieldsInOrder := [...]string{"workflowId", "workflowName", "version", "input", "idempotencyKey", "priority", "metadata"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -16324,6 +16979,13 @@ func (ec *executionContext) unmarshalInputStartRunInput(ctx context.Context, obj
 				return it, err
 			}
 			it.IdempotencyKey = data
+		case "priority":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("priority"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Priority = data
 		case "metadata":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("metadata"))
 			data, err := ec.unmarshalOJSON2encodingᚋjsonᚐRawMessage(ctx, v)
@@ -17514,6 +18176,27 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "createRateLimit":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_createRateLimit(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updateRateLimit":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_updateRateLimit(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteRateLimit":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteRateLimit(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "createSchedule":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_createSchedule(ctx, field)
@@ -17813,6 +18496,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_event(ctx, field)
 				})
+		case "rateLimits":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_rateLimits(ctx, field)
+				})
+		case "rateLimit":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_rateLimit(ctx, field)
+				})
 		case "schedules":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
@@ -17908,6 +18603,64 @@ func (ec *executionContext) _QueuePause(ctx context.Context, sel ast.SelectionSe
 			}
 		case "pausedAt":
 			out.Values[i] = ec._QueuePause_pausedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var rateLimitImplementors = []string{"RateLimit"}
+
+func (ec *executionContext) _RateLimit(ctx context.Context, sel ast.SelectionSet, obj *tenants.RateLimit) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, rateLimitImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RateLimit")
+		case "name":
+			out.Values[i] = ec._RateLimit_name(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "perSecond":
+			out.Values[i] = ec._RateLimit_perSecond(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "burst":
+			out.Values[i] = ec._RateLimit_burst(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "description":
+			out.Values[i] = ec._RateLimit_description(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._RateLimit_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updatedAt":
+			out.Values[i] = ec._RateLimit_updatedAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -18063,6 +18816,11 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Run_metadata(ctx, field, obj)
 				})
+		case "priority":
+			out.Values[i] = ec._Run_priority(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		case "rerunOf":
 			out.Values[i] = ec._Run_rerunOf(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
@@ -18933,6 +19691,11 @@ func (ec *executionContext) _TenantLimits(ctx context.Context, sel ast.Selection
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._TenantLimits_spendCapCents(ctx, field, obj)
 				})
+		case "maxRateLimits":
+			out.Values[i] = ec._TenantLimits_maxRateLimits(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		case "maxSchedules":
 			out.Values[i] = ec._TenantLimits_maxSchedules(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -20608,6 +21371,39 @@ func (ec *executionContext) marshalNQueuePause2ᚖgithubᚗcomᚋcomposerᚑdev�
 	return ec._QueuePause(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNRateLimit2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx context.Context, sel ast.SelectionSet, v tenants.RateLimit) graphql.Marshaler {
+	return ec._RateLimit(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRateLimit2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimitᚄ(ctx context.Context, sel ast.SelectionSet, v []tenants.RateLimit) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRateLimit2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNRateLimit2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx context.Context, sel ast.SelectionSet, v *tenants.RateLimit) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "RateLimit!")
+		return graphql.Null
+	}
+	return ec._RateLimit(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNRateLimitInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRateLimitInput(ctx context.Context, v any) (model.RateLimitInput, error) {
+	res, err := ec.unmarshalInputRateLimitInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
 func (ec *executionContext) marshalNResumeQueuePayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐResumeQueuePayload(ctx context.Context, sel ast.SelectionSet, v *model.ResumeQueuePayload) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "ResumeQueuePayload!")
@@ -21473,6 +22269,13 @@ func (ec *executionContext) marshalOJSON2encodingᚋjsonᚐRawMessage(ctx contex
 	_ = ctx
 	res := model.MarshalJSON(v)
 	return res
+}
+
+func (ec *executionContext) marshalORateLimit2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx context.Context, sel ast.SelectionSet, v *tenants.RateLimit) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._RateLimit(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalORerunMode2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRerunMode(ctx context.Context, v any) (*model.RerunMode, error) {

@@ -189,9 +189,8 @@ func bulkOf(a tenantWorld) map[string]any { return map[string]any{"id": a.bulk} 
 func endpointOf(a tenantWorld) map[string]any { return map[string]any{"id": a.endpoint} }
 func deliveryOf(a tenantWorld) map[string]any { return map[string]any{"id": a.delivery} }
 
-// schemaIDFields lists "Type.field.arg" for every ID argument and
-// "Input.field" for every ID input field of the schema.
-func schemaIDFields(t *testing.T) []string {
+// loadSchema parses the gateway's schema files.
+func loadSchema(t *testing.T) *ast.Schema {
 	files, err := filepath.Glob("*.graphqls")
 	require.NoError(t, err)
 	var sources []*ast.Source
@@ -202,6 +201,13 @@ func schemaIDFields(t *testing.T) []string {
 	}
 	schema, gerr := gqlparser.LoadSchema(sources...)
 	require.Nil(t, gerr)
+	return schema
+}
+
+// schemaIDFields lists "Type.field.arg" for every ID argument and
+// "Input.field" for every ID input field of the schema.
+func schemaIDFields(t *testing.T) []string {
+	schema := loadSchema(t)
 	isID := func(ty *ast.Type) bool {
 		for ty.Elem != nil {
 			ty = ty.Elem

@@ -232,3 +232,12 @@ func metadataArg(field string, raw json.RawMessage) (map[string]string, error) {
 	}
 	return m, nil
 }
+
+// rateLimitOf is the tenants' rate limit an input describes.
+func rateLimitOf(in model.RateLimitInput) tenants.RateLimit {
+	l := tenants.RateLimit{Name: in.Name, PerSecond: in.PerSecond, Burst: in.Burst}
+	if in.Description != nil {
+		l.Description = *in.Description
+	}
+	return l
+}

@@ -85,6 +85,9 @@ func (r *mutationResolver) StartRun(ctx context.Context, input model.StartRunInp
 	if input.IdempotencyKey != nil {
 		req.IdempotencyKey = *input.IdempotencyKey
 	}
+	if input.Priority != nil {
+		req.Priority = *input.Priority
+	}
 	if req.Metadata, err = metadataArg("metadata", input.Metadata); err != nil {
 		return nil, err
 	}

@@ -44,6 +44,8 @@ type Limits struct {
 	// one (an interval, or the gap between a cron expression's minutes).
 	MaxSchedules               int `json:"max_schedules,omitempty"`
 	MinScheduleIntervalSeconds int `json:"min_schedule_interval_seconds,omitempty"`
+	// MaxRateLimits bounds the tenant's named step rate limits.
+	MaxRateLimits int `json:"max_rate_limits,omitempty"`
 }
 
 // merge returns l with every zero field taken from def.
@@ -84,13 +86,16 @@ func (l Limits) merge(def Limits) Limits {
 	if l.MinScheduleIntervalSeconds == 0 {
 		l.MinScheduleIntervalSeconds = def.MinScheduleIntervalSeconds
 	}
+	if l.MaxRateLimits == 0 {
+		l.MaxRateLimits = def.MaxRateLimits
+	}
 	return l
 }
 
 func (l Limits) validate() error {
 	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 || l.SpendCapCents < 0 ||
 		l.MaxSignalsPerRun < 0 || l.MaxWorkflowVersions < 0 || l.MaxAPIKeys < 0 || l.MaxWebhookEndpoints < 0 ||
-		l.MaxSchedules < 0 || l.MinScheduleIntervalSeconds < 0 {
+		l.MaxSchedules < 0 || l.MinScheduleIntervalSeconds < 0 || l.MaxRateLimits < 0 {
 		return errs.E(errs.Invalid, "limits must not be negative (weight at most 1000)")
 	}
 	return nil

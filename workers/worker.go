@@ -335,37 +335,106 @@ func (w *Worker) wake(queue string) {
 }
 
 // readScript reads up to ARGV[3] new messages for consumer ARGV[2] of
-// group ARGV[1] from the streams in KEYS (one tenant's shards, so one
-// cluster slot), shard after shard until it has them: one round trip
-// however many shards are empty, and never more messages than asked. A
-// stream without the group (Redis lost its data and the enqueuer re-created
-// the stream) gets it, from the start, and is read at once; a missing
-// stream is empty. It returns {key, entries} per shard that answered, or
-// {key, error} for one that failed.
+// group ARGV[1] from one tenant's streams of a queue (one cluster slot):
+// KEYS[1] is the set of priorities other than 0 in use
+// (stream.Names.Priorities), KEYS[2..] the shards of every priority, and
+// ARGV[4+i] the priority of KEYS[i] (i ≥ 2), ARGV[4] the aging in
+// milliseconds per priority level. One round trip however many streams
+// are empty, and never more messages than asked. Only priority 0 and the
+// priorities in use are looked at; with nothing but priority 0 it reads
+// shard after shard until it has them, as before priorities. With several,
+// it takes messages one at a time in order of *virtual time* — the
+// message's publish time (its id, on Redis's clock) less priority × aging,
+// ties to the higher priority — so a higher priority goes first, and a
+// lower one waits at most the difference × aging behind work published
+// after it (bounded aging: never starved). A stream's head is the first
+// entry after the group's last-delivered id. A priority whose streams are
+// all empty (every message settled) leaves the set; the enqueuer adds it
+// again after its next message. A stream without the group (Redis lost its
+// data and the enqueuer re-created the stream) gets it, from the start,
+// and is read at once; a missing stream is empty. It returns {key,
+// entries} per read that answered, or {key, error} for one that failed.
 var readScript = redis.NewScript(`
 local want = tonumber(ARGV[3])
+local aging = tonumber(ARGV[4])
 local out = {}
-local function read(key)
-  return redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-end
-for _, key in ipairs(KEYS) do
-  if want <= 0 then break end
-  local res = read(key)
+local function read(i, n)
+  local res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
   if type(res) == 'table' and res.err and string.find(res.err, 'NOGROUP', 1, true) then
-    if redis.call('EXISTS', key) == 1 then
-      redis.pcall('XGROUP', 'CREATE', key, ARGV[1], '0')
-      res = read(key)
-    else
-      res = false
-    end
+    if redis.call('EXISTS', KEYS[i]) == 0 then return nil end
+    redis.pcall('XGROUP', 'CREATE', KEYS[i], ARGV[1], '0')
+    res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
   end
   if type(res) == 'table' and res.err then
-    out[#out + 1] = {key, res.err}
+    out[#out + 1] = {KEYS[i], res.err}
+    return nil
   elseif res then
-    want = want - #res[1][2]
-    out[#out + 1] = {key, res[1][2]}
+    out[#out + 1] = {KEYS[i], res[1][2]}
+    return res[1][2]
+  end
+  return nil
+end
+local inuse = {}
+local levels = 0
+for _, p in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if p ~= '0' then inuse[p] = true; levels = levels + 1 end
+end
+if levels == 0 then
+  for i = 2, #KEYS do
+    if want <= 0 then break end
+    if ARGV[4 + i] == '0' then
+      local got = read(i, want)
+      if got then want = want - #got end
+    end
+  end
+  return out
+end
+local live = {}
+for i = 2, #KEYS do
+  if ARGV[4 + i] == '0' or inuse[ARGV[4 + i]] then live[#live + 1] = i end
+end
+local function vtime(i, after)
+  local r = redis.pcall('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then return nil end
+  return tonumber(string.match(r[1][1], '^(%d+)')) - tonumber(ARGV[4 + i]) * aging
+end
+local heads = {}
+for _, i in ipairs(live) do
+  local last = '0-0'
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[i])
+  if type(groups) == 'table' and not groups.err then
+    for _, g in ipairs(groups) do
+      local name, lid
+      for j = 1, #g, 2 do
+        if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then lid = g[j + 1] end
+      end
+      if name == ARGV[1] and lid then last = lid end
+    end
+  end
+  heads[i] = vtime(i, last)
+end
+while want > 0 do
+  local best, bv = nil, nil
+  for _, i in ipairs(live) do
+    local v = heads[i]
+    if v and (bv == nil or v < bv) then best, bv = i, v end
+  end
+  if best == nil then break end
+  local got = read(best, 1)
+  if got and #got > 0 then
+    want = want - 1
+    heads[best] = vtime(best, got[#got][1])
+  else
+    heads[best] = nil
   end
 end
+local empty = {}
+for p in pairs(inuse) do empty[p] = true end
+for _, i in ipairs(live) do
+  local p = ARGV[4 + i]
+  if empty[p] and redis.call('XLEN', KEYS[i]) > 0 then empty[p] = nil end
+end
+for p in pairs(empty) do redis.call('SREM', KEYS[1], p) end
 return out
 `)
 
@@ -379,11 +448,23 @@ func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [
 		if need <= 0 {
 			continue
 		}
-		keys := w.names.Streams(g.id, queue, g.route.shards)
-		// Rotate which shard comes first, so none is favoured.
-		rot := int(time.Now().UnixNano() % int64(len(keys)))
-		keys = append(keys[rot:], keys[:rot]...)
-		cmds[i] = readScript.Eval(ctx, pipe, keys, stream.Group, w.cfg.WorkerID, need)
+		streams := w.names.Streams(g.id, queue, g.route.shards)
+		// Rotate which shard of each priority comes first, so none is
+		// favoured.
+		n := max(g.route.shards, 1)
+		rot := int(time.Now().UnixNano() % int64(n))
+		for j := 0; j+n <= len(streams); j += n {
+			level := streams[j : j+n]
+			rotated := append(append([]string(nil), level[rot:]...), level[:rot]...)
+			copy(level, rotated)
+		}
+		keys := append([]string{w.names.Priorities(g.id, queue)}, streams...)
+		args := make([]any, 0, 4+len(keys))
+		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds(), "")
+		for _, k := range streams {
+			args = append(args, stream.KeyPriority(k))
+		}
+		cmds[i] = readScript.Eval(ctx, pipe, keys, args...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
@@ -906,26 +987,38 @@ func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
 		cands = cands[len(part):]
 		pipe := w.rdb.Pipeline()
 		lens := make([][]*redis.IntCmd, len(part))
+		keys := make([][]string, len(part))
 		for i, c := range part {
-			for _, key := range w.names.Streams(c.route.tenant, queue, c.route.shards) {
+			keys[i] = w.names.Streams(c.route.tenant, queue, c.route.shards)
+			for _, key := range keys[i] {
 				lens[i] = append(lens[i], pipe.XLen(ctx, key))
 			}
 		}
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
 		var busy []string
+		heal := w.rdb.Pipeline()
 		for i, c := range part {
 			empty := true
-			for shard, l := range lens[i] {
+			for k, l := range lens[i] {
 				if n, err := l.Result(); err != nil || n > 0 {
 					empty = false
 					if err == nil {
-						busy = append(busy, w.names.Stream(c.route.tenant, queue, shard))
+						busy = append(busy, keys[i][k])
+						// A priority with messages is in the tenant's set
+						// (the enqueuer adds it; this heals a set lost
+						// without its streams).
+						if p := stream.KeyPriority(keys[i][k]); p != 0 {
+							heal.SAdd(ctx, w.names.Priorities(c.route.tenant, queue), p)
+						}
 					}
 				}
 			}
 			if empty {
 				qs.settleEmpty(c)
 			}
+		}
+		if heal.Len() > 0 {
+			_, _ = heal.Exec(ctx) // best effort
 		}
 		if len(busy) == 0 {
 			continue

@@ -129,6 +129,13 @@ func TestInvalidDefinitionsNameNodeAndField(t *testing.T) {
 		{"too many nodes", tooMany(), "", "nodes", "limit"},
 		{"expression too long", `{"nodes":[{"id":"a","type":"noop","if":"` + strings.Repeat("true && ", 600) + `true"}]}`, "a", "if", "does not compile"},
 		{"yaml garbage", "nodes: [\n  - id: a\n  type", "", "", "not valid JSON or YAML"},
+		{"priority out of range", `{"nodes":[{"id":"a","type":"noop","priority":3}]}`, "a", "priority", "between -2 and 2"},
+		{"priority on a sleep", `{"nodes":[{"id":"a","type":"sleep","priority":1,"sleep":{"duration":"1s"}}]}`, "a", "priority", "do not run on a worker"},
+		{"rate limit name", `{"nodes":[{"id":"a","type":"noop","rate_limit":{"name":"Partner API"}}]}`, "a", "rate_limit.name", "lowercase"},
+		{"rate limit key does not compile", `{"nodes":[{"id":"a","type":"noop","rate_limit":{"name":"p","key":"input."}}]}`, "a", "rate_limit.key", "does not compile"},
+		{"rate limit key reads non-upstream", `{"nodes":[{"id":"b","type":"noop"},{"id":"a","type":"noop","rate_limit":{"name":"p","key":"nodes.b.output.x"}}]}`, "a", "rate_limit.key", "not upstream"},
+		{"rate limit on a wait", `{"nodes":[{"id":"a","type":"wait","wait":{"signal":"s"},"rate_limit":{"name":"p"}}]}`, "a", "rate_limit", "do not run on a worker"},
+		{"rate limit with schedule-to-start", `{"nodes":[{"id":"a","type":"noop","schedule_to_start_timeout":"1m","rate_limit":{"name":"p"}}]}`, "a", "rate_limit", "schedule_to_start_timeout"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -308,4 +315,21 @@ func TestMappingsCannotAmplifyTheirInput(t *testing.T) {
 	w = MustParse(`{"nodes":[{"id":"a","type":"noop"},{"id":"b","type":"noop"}]}`)
 	_, err = w.EvalOutput(Scope{Nodes: map[string]NodeResult{"a": {Status: "completed", Output: out}, "b": {Status: "completed", Output: out}}})
 	assert.ErrorIs(t, err, ErrValueTooLarge)
+}
+
+func TestRateKeyIsAShortScalar(t *testing.T) {
+	wf := MustParse(`{"nodes":[{"id":"a","type":"noop","rate_limit":{"name":"p","key":"input.k"}},{"id":"b","type":"noop","rate_limit":{"name":"p"}}]}`)
+	a, b := wf.Node("a"), wf.Node("b")
+	for in, want := range map[string]string{`{"k": "acct_1"}`: "acct_1", `{"k": 7}`: "7", `{"k": true}`: "true"} {
+		got, err := a.RateKey(Scope{Input: json.RawMessage(in)})
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{`{"k": {"x": 1}}`, `{"k": [1]}`, `{"k": "` + strings.Repeat("x", MaxRateKeyChars+1) + `"}`, `{}`} {
+		_, err := a.RateKey(Scope{Input: json.RawMessage(in)})
+		assert.Error(t, err, in)
+	}
+	got, err := b.RateKey(Scope{Input: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	assert.Empty(t, got, "no key: one bucket")
 }

@@ -237,6 +237,63 @@ func (n *Node) WakeAt(s Scope, now time.Time) (time.Time, error) {
 	return at, nil
 }
 
+// RateKey evaluates the node's rate-limit key: "" for a node without a
+// rate limit or a key. Strings are kept, numbers and booleans written as
+// JSON writes them; anything else, or a value longer than MaxRateKeyChars,
+// is an error.
+func (n *Node) RateKey(s Scope) (string, error) {
+	if n.RateLimit == nil || n.RateLimit.key == nil {
+		return "", nil
+	}
+	p := n.RateLimit.key
+	v, err := p.eval(s)
+	if err != nil {
+		return "", fmt.Errorf("rate_limit.key: %w", err)
+	}
+	return rateKeyValue(p, v)
+}
+
+// ItemRateKey is RateKey of a map node's step for element index (its key
+// also sees `item` and `index`).
+func (n *Node) ItemRateKey(s Scope, item any, index int) (string, error) {
+	st := n.Map.Step
+	if st.RateLimit == nil || st.RateLimit.key == nil {
+		return "", nil
+	}
+	p := st.RateLimit.key
+	act, err := s.activation(p.refs)
+	if err != nil {
+		return "", err
+	}
+	act["item"], act["index"] = item, int64(index)
+	v, err := p.evalWith(act)
+	if err != nil {
+		return "", fmt.Errorf("map.step.rate_limit.key: %w", err)
+	}
+	return rateKeyValue(p, v)
+}
+
+func rateKeyValue(p *program, v ref.Val) (string, error) {
+	nv, err := toNative(v, &budget{left: 4 * MaxRateKeyChars})
+	if err != nil {
+		return "", fmt.Errorf("rate_limit.key: %w", err)
+	}
+	var key string
+	switch x := nv.(type) {
+	case string:
+		key = x
+	case bool, float64, int64, uint64, json.Number:
+		b, _ := json.Marshal(x)
+		key = string(b)
+	default:
+		return "", fmt.Errorf("rate_limit.key: %s is not a string, number or boolean", p.source)
+	}
+	if len(key) > MaxRateKeyChars {
+		return "", fmt.Errorf("rate_limit.key: %s evaluated to more than %d characters", p.source, MaxRateKeyChars)
+	}
+	return key, nil
+}
+
 // EvalInput evaluates the node's input mapping into a JSON object; a node
 // without a mapping gets the run input unchanged.
 func (n *Node) EvalInput(s Scope) (json.RawMessage, error) {

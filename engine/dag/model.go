@@ -3,6 +3,7 @@ package dag
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -97,6 +98,12 @@ type Node struct {
 	Map                    *MapSpec          `json:"map,omitempty"`
 	// Concurrency limits this step's tasks per key across runs.
 	Concurrency *StepConcurrency `json:"concurrency,omitempty"`
+	// Priority, when set, is the priority of this node's tasks
+	// (MinPriority..MaxPriority); otherwise they take the run's.
+	Priority *int `json:"priority,omitempty"`
+	// RateLimit names one of the tenant's rate limits this node's
+	// attempts take a token from, per key.
+	RateLimit *RateLimitRef `json:"rate_limit,omitempty"`
 
 	cond  *program
 	input map[string]*program
@@ -133,6 +140,34 @@ const (
 	// its parent's plus one; a top-level run has depth 0).
 	MaxChildDepth = 8
 )
+
+// Priorities: a run's (startRun) or a node's, higher first; 0 is the
+// default. Within a tenant's share of the workers, a task of a higher
+// priority is read before one of a lower priority published up to
+// (difference × stream.PriorityAging, a minute) earlier: the lower one
+// ages, so it is never starved.
+const (
+	MinPriority = -2
+	MaxPriority = 2
+)
+
+// RateLimitRef makes a worker node's attempts wait for a token of the
+// tenant's rate limit Name, in the bucket of the value of Key — an
+// expression over the run input and upstream outputs giving a string, a
+// number or a boolean, evaluated when the task is created. An empty Key
+// is one bucket for the whole limit.
+type RateLimitRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key,omitempty"`
+
+	key *program
+}
+
+// MaxRateKeyChars bounds the value a rate-limit key evaluates to.
+const MaxRateKeyChars = 256
+
+// RateLimitName is what a rate limit's name looks like.
+var RateLimitName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 
 // HTTPSpec configures an http node. When Body is empty and the node has an
 // input mapping, the mapped input is sent as the JSON body.

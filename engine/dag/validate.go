@@ -195,6 +195,30 @@ func (n *Node) validate(ps *problems, label string) {
 			ps.add(label, "input", "key %q must be an identifier", k)
 		}
 	}
+	if n.Priority != nil {
+		if *n.Priority < MinPriority || *n.Priority > MaxPriority {
+			ps.add(label, "priority", "must be between %d and %d", MinPriority, MaxPriority)
+		}
+		if !n.Type.RunsOnWorker() && n.Type != "" {
+			ps.add(label, "priority", "nodes of type %s do not run on a worker", n.Type)
+		}
+	}
+	if rl := n.RateLimit; rl != nil {
+		if !RateLimitName.MatchString(rl.Name) {
+			ps.add(label, "rate_limit.name", "must name a rate limit: lowercase letters, digits, '_' or '-' (at most 64)")
+		}
+		if len(rl.Key) > MaxExpressionBytes {
+			ps.add(label, "rate_limit.key", "is longer than %d bytes", MaxExpressionBytes)
+		}
+		if !n.Type.RunsOnWorker() && n.Type != "" {
+			ps.add(label, "rate_limit", "nodes of type %s do not run on a worker", n.Type)
+		}
+		if n.ScheduleToStartTimeout > 0 {
+			// Waiting for a token is not a failure; a schedule-to-start
+			// timeout would make it one.
+			ps.add(label, "rate_limit", "cannot be combined with schedule_to_start_timeout (waiting for the limit is not a failure)")
+		}
+	}
 	n.validateStepConcurrency(ps, label)
 	if wf := n.Workflow; wf != nil {
 		if !WorkflowName.MatchString(wf.Name) {
@@ -377,6 +401,15 @@ func (w *Workflow) compile(ps *problems) {
 				n.Sleep.until = p
 			}
 		}
+		if rl := n.RateLimit; rl != nil && rl.Key != "" {
+			p, err := compile(rl.Key, false)
+			if err != nil {
+				ps.add(n.ID, "rate_limit.key", "%v", err)
+			} else {
+				check("rate_limit.key", p)
+				rl.key = p
+			}
+		}
 		n.input = make(map[string]*program, len(n.Input))
 		for _, k := range slices.Sorted(maps.Keys(n.Input)) {
 			field := "input." + k
@@ -396,6 +429,14 @@ func (w *Workflow) compile(ps *problems) {
 				m.items = p
 			}
 			st := m.Step
+			if rl := st.RateLimit; rl != nil && rl.Key != "" {
+				if p, err := compileItemExpr(rl.Key); err != nil {
+					ps.add(n.ID, "map.step.rate_limit.key", "%v", err)
+				} else {
+					check("map.step.rate_limit.key", p)
+					rl.key = p
+				}
+			}
 			if c := st.Concurrency; c != nil && c.Key != "" {
 				if p, err := compileItemExpr(c.Key); err != nil {
 					ps.add(n.ID, "map.step.concurrency.key", "%v", err)

@@ -241,6 +241,7 @@ type row struct {
 	attempt     int
 	traceparent string
 	attempts    int
+	priority    int
 }
 
 // publishBatch claims, publishes and deletes one batch in one transaction.
@@ -254,7 +255,7 @@ func (e *Enqueuer) publishBatch(ctx context.Context) (int, error) {
 		}
 		var batch []row
 		var r row
-		_, err = pgx.ForEachRow(rows, []any{&r.tenant, &r.id, &r.topic, &r.queue, &r.run, &r.task, &r.node, &r.typ, &r.handler, &r.attempt, &r.traceparent, &r.attempts},
+		_, err = pgx.ForEachRow(rows, []any{&r.tenant, &r.id, &r.topic, &r.queue, &r.run, &r.task, &r.node, &r.typ, &r.handler, &r.attempt, &r.traceparent, &r.attempts, &r.priority},
 			func() error { batch = append(batch, r); return nil })
 		if err != nil {
 			return fmt.Errorf("claim outbox rows: %w", err)
@@ -301,7 +302,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		if r.handler != "" {
 			key = e.names.HandlerStream(r.tenant, r.queue, r.handler)
 		} else {
-			key = e.names.Stream(r.tenant, r.queue, stream.ShardFor(r.task, routes[r.tenant].Shards))
+			key = e.names.PriorityStream(r.tenant, r.queue, stream.ShardFor(r.task, routes[r.tenant].Shards), r.priority)
 		}
 		if _, ok := e.groups.Load(key); !ok {
 			if err := stream.EnsureGroup(ctx, e.rdb, key); err != nil {
@@ -315,6 +316,11 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		// Streams are not trimmed: every message is counted in its tenant's
 		// queued hash (stream.Add), which a trim would leave behind.
 		cmds[i] = stream.Add(ctx, pipe, key, msg)
+		if r.handler == "" && r.priority != 0 {
+			// After the message (one slot: in order), so a reader that
+			// drops a level it found empty cannot miss this message.
+			pipe.SAdd(ctx, e.names.Priorities(r.tenant, r.queue), r.priority)
+		}
 	}
 	// The active set and the wake-ups tell workers that a tenant has work,
 	// and a worker that reads a tenant and finds nothing lets it rest until
@@ -463,6 +469,8 @@ type Fresh struct {
 	Handler     string
 	Attempt     int
 	TraceParent string
+	// Priority picks the tenant's priority stream (stream.PriorityStream).
+	Priority int
 }
 
 // FastPathGrace is how long a fresh row waits for its own process before
@@ -489,7 +497,7 @@ func (e *Enqueuer) PublishNow(_ context.Context, rows []Fresh) {
 	batch := make([]row, len(rows))
 	for i, f := range rows {
 		batch[i] = row{tenant: f.Tenant, id: f.ID, topic: "task", queue: f.Queue, run: f.Run, task: f.Task, node: f.Node,
-			typ: f.Type, handler: f.Handler, attempt: f.Attempt, traceparent: f.TraceParent}
+			typ: f.Type, handler: f.Handler, attempt: f.Attempt, traceparent: f.TraceParent, priority: f.Priority}
 	}
 	select {
 	case e.fresh <- batch:

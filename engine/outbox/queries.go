@@ -9,7 +9,7 @@ const (
 	qNextDue  = `SELECT min(next_attempt_at) FROM outbox o WHERE NOT EXISTS (` + pausedQueue + `)`
 	qClaimDue = `SELECT tenant_id, id, topic, queue, coalesce(run_id, '00000000-0000-0000-0000-000000000000'),
 				coalesce(task_id, '00000000-0000-0000-0000-000000000000'), coalesce(node_id, ''), coalesce(node_type, ''),
-				coalesce(handler, ''), coalesce(attempt, 0), coalesce(traceparent, ''), attempts
+				coalesce(handler, ''), coalesce(attempt, 0), coalesce(traceparent, ''), attempts, priority
 			  FROM outbox o WHERE next_attempt_at <= now() AND NOT EXISTS (` + pausedQueue + `)
 			 ORDER BY next_attempt_at LIMIT $1 FOR UPDATE OF o SKIP LOCKED`
 	pausedQueue = `SELECT 1 FROM queue_pauses p WHERE p.tenant_id = o.tenant_id AND p.queue = o.queue`

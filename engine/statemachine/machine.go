@@ -545,6 +545,16 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 			return
 		}
 		base.ConcurrencyKey, base.ConcurrencyLimit = key, limit
+		rateKey, err := n.RateKey(s)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
+		base.RateKey = rateKey
+		base.Priority = m.run.Priority
+		if n.Priority != nil {
+			base.Priority = *n.Priority
+		}
 		base.State = TaskPending
 		m.emit(base)
 		t.State = TaskPending
@@ -660,6 +670,16 @@ func (m *machine) createItem(n *dag.Node, id string, i int, item any, s dag.Scop
 			return false
 		}
 		base.ConcurrencyKey, base.ConcurrencyLimit = key, limit
+		rateKey, err := n.ItemRateKey(s, item, i)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return false
+		}
+		base.RateKey = rateKey
+		base.Priority = m.run.Priority
+		if st.Priority != nil {
+			base.Priority = *st.Priority
+		}
 	}
 	if st.Type == dag.TypeWorkflow {
 		m.createWaiting(base, t)

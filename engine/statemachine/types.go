@@ -96,6 +96,9 @@ type Run struct {
 	Tasks map[string]*Task
 	// Signals are received signals no wait node has consumed yet, oldest first.
 	Signals []Signal
+	// Priority is the run's priority (dag.MinPriority..dag.MaxPriority),
+	// the priority of its tasks whose node sets none.
+	Priority int
 }
 
 // Task is one node's task.
@@ -258,6 +261,11 @@ type CreateTask struct {
 	// slots ("" and 0 without one).
 	ConcurrencyKey   string
 	ConcurrencyLimit int
+	// Priority is a worker task's priority: its node's, else the run's.
+	Priority int
+	// RateKey is the value of the node's rate-limit key (its node names
+	// the limit), evaluated as the task is created.
+	RateKey string
 }
 
 // Dispatch sends a worker node's attempt to its queue, no earlier than

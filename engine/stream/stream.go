@@ -50,11 +50,58 @@ func (n Names) Stream(tenant uuid.UUID, queue string, shard int) string {
 	return n.NS + ":{" + tenant.String() + "}:q:" + queue + ":" + strconv.Itoa(shard)
 }
 
-// Streams lists the keys of every shard of a tenant's queue.
+// Priorities of tasks (dag.MinPriority..dag.MaxPriority; the engine's
+// tests check they agree): each has its own streams.
+const (
+	MinPriority = -2
+	MaxPriority = 2
+	// PriorityAging is what one priority level is worth in waiting: a
+	// message is read in order of its publish time less priority ×
+	// PriorityAging (workers' read script).
+	PriorityAging = time.Minute
+)
+
+// PriorityStream is the key of one shard of a tenant's queue for tasks of
+// one priority: Stream for priority 0 (so messages published before
+// priorities existed are read as priority 0), "<Stream>:p<priority>"
+// otherwise. A priority out of range is clamped.
+func (n Names) PriorityStream(tenant uuid.UUID, queue string, shard, priority int) string {
+	priority = min(max(priority, MinPriority), MaxPriority)
+	if priority == 0 {
+		return n.Stream(tenant, queue, shard)
+	}
+	return n.Stream(tenant, queue, shard) + ":p" + strconv.Itoa(priority)
+}
+
+// Priorities is the set of the priorities other than 0 a tenant's queue
+// has streams of: the enqueuer adds a priority after publishing a message
+// of it, and the workers' read drops one whose streams are all empty
+// (settled), so a tenant that never used priorities is read as before.
+func (n Names) Priorities(tenant uuid.UUID, queue string) string {
+	return n.NS + ":{" + tenant.String() + "}:prios:" + queue
+}
+
+// KeyPriority is the priority of a PriorityStream key.
+func KeyPriority(key string) int {
+	i := strings.LastIndexByte(key, ':')
+	if i < 0 || i+1 >= len(key) || key[i+1] != 'p' {
+		return 0
+	}
+	p, err := strconv.Atoi(key[i+2:])
+	if err != nil {
+		return 0
+	}
+	return p
+}
+
+// Streams lists the keys of every shard of a tenant's queue, of every
+// priority, the highest priority first.
 func (n Names) Streams(tenant uuid.UUID, queue string, shards int) []string {
-	out := make([]string, shards)
-	for i := range out {
-		out[i] = n.Stream(tenant, queue, i)
+	out := make([]string, 0, shards*(MaxPriority-MinPriority+1))
+	for p := MaxPriority; p >= MinPriority; p-- {
+		for i := range shards {
+			out = append(out, n.PriorityStream(tenant, queue, i, p))
+		}
 	}
 	return out
 }
@@ -121,6 +168,17 @@ func (n Names) Active(queue string) string { return n.NS + ":active:" + queue }
 // StartBucket is a tenant's start rate-limit bucket (tenants.RateLimiter).
 func (n Names) StartBucket(tenant uuid.UUID) string {
 	return n.NS + ":{" + tenant.String() + "}:starts"
+}
+
+// RateBucket is the bucket of one key of a tenant's step rate limit
+// (tenants.StepLimiter): the theoretical arrival time, and the sorted set
+// of the attempts holding a reserved token. The key's value is hashed, so
+// whatever it is, the Redis key stays short.
+func (n Names) RateBucket(tenant uuid.UUID, limit, key string) (tat, reserved string) {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key))
+	base := n.NS + ":{" + tenant.String() + "}:rl:" + limit + ":" + strconv.FormatUint(h.Sum64(), 36)
+	return base, base + ":res"
 }
 
 // Running is a tenant's running-task permit set (tenants.Slots).

@@ -17,11 +17,25 @@ func TestStreamKeysCarryTheTenantHashTag(t *testing.T) {
 	tenant := uuid.MustParse("0190e6a8-0000-7000-8000-000000000001")
 	n := NewNames("")
 	assert.Equal(t, "composer:{0190e6a8-0000-7000-8000-000000000001}:q:default:3", n.Stream(tenant, "default", 3))
-	assert.Len(t, n.Streams(tenant, "http", 4), 4)
+	// Every shard of every priority, the highest first; priority 0 keeps
+	// the key it had before priorities.
+	all := n.Streams(tenant, "http", 4)
+	assert.Len(t, all, 4*(MaxPriority-MinPriority+1))
+	assert.Equal(t, n.PriorityStream(tenant, "http", 0, MaxPriority), all[0])
+	assert.Equal(t, n.PriorityStream(tenant, "http", 3, MinPriority), all[len(all)-1])
+	assert.Equal(t, n.Stream(tenant, "http", 2), n.PriorityStream(tenant, "http", 2, 0))
+	for _, p := range []int{-2, -1, 0, 1, 2} {
+		for _, q := range []string{"http", "p1", "payments"} {
+			assert.Equal(t, p, KeyPriority(n.PriorityStream(tenant, q, 1, p)), q)
+		}
+	}
+	assert.Equal(t, MaxPriority, KeyPriority(n.PriorityStream(tenant, "http", 1, 9)), "clamped")
+	tat, res := n.RateBucket(tenant, "partner-api", "acct_1")
+	assert.NotEqual(t, tat, res)
 	// Every key of one tenant carries its hash tag: one cluster slot, so
 	// scripts may touch them together.
 	for _, k := range []string{n.HandlerStream(tenant, "default", "charge"), n.Queued(tenant), n.Running(tenant), n.StartBucket(tenant),
-		n.Workers(tenant), n.WorkersLive(tenant), n.WorkersBusy(tenant), n.PollAnswer(tenant, "w", "p"), QueuedOf(n.Stream(tenant, "default", 1))} {
+		n.Workers(tenant), n.WorkersLive(tenant), n.WorkersBusy(tenant), n.PollAnswer(tenant, "w", "p"), QueuedOf(n.Stream(tenant, "default", 1)), tat, res} {
 		assert.Contains(t, k, "composer:{"+tenant.String()+"}:", k)
 	}
 	id, shards, weight, err := ParseActiveMember(ActiveMember(tenant, 8, 4))

@@ -327,6 +327,18 @@ type TaskConfig struct {
 	Task *TaskSpec `json:"task,omitempty"`
 	// TimeoutMS bounds one attempt's execution (0 = no limit of its own).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Priority is the task's priority (0 when absent), kept so a re-dispatch
+	// goes to the same priority stream.
+	Priority int `json:"priority,omitempty"`
+	// RateLimit is the tenant's rate limit the task takes a token of
+	// before it runs, with the key its node's expression gave.
+	RateLimit *RateLimitRef `json:"rate_limit,omitempty"`
+}
+
+// RateLimitRef names a rate limit and the key of its bucket.
+type RateLimitRef struct {
+	Name string `json:"name"`
+	Key  string `json:"key"`
 }
 
 // HTTPSpec is an http node's request. With no Body, a method that carries

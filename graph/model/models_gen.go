@@ -196,6 +196,13 @@ type PublishEventPayload struct {
 type Query struct {
 }
 
+type RateLimitInput struct {
+	Name        string  `json:"name"`
+	PerSecond   float64 `json:"perSecond"`
+	Burst       int     `json:"burst"`
+	Description *string `json:"description,omitempty"`
+}
+
 type ResumeQueuePayload struct {
 	Queue string `json:"queue"`
 	// Waiting tasks dispatched again (0 when the queue was not paused).
@@ -259,6 +266,13 @@ type StartRunInput struct {
 	Version        *int            `json:"version,omitempty"`
 	Input          json.RawMessage `json:"input,omitempty"`
 	IdempotencyKey *string         `json:"idempotencyKey,omitempty"`
+	// The run's priority, -2 (lowest) to 2 (highest), 0 by default: its steps'
+	// unless their node sets its own. Within the tenant's share of the workers,
+	// a step of a higher priority starts before one of a lower priority that
+	// was queued less than a minute per level earlier; older lower-priority
+	// steps go first (bounded aging: none is starved). Other tenants' shares
+	// are not changed.
+	Priority *int `json:"priority,omitempty"`
 	// Business keys kept with the run, shown with it, carried by its webhooks
 	// and filterable (runs(filter: {metadata: ...})): an object of strings, at
 	// most 16 keys (letters, digits, '_', '.', '-'), values of at most 256

@@ -266,7 +266,8 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots, BulkWake: bulk.Wake})
+		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots, BulkWake: bulk.Wake,
+		StepLimits: tenants.NewStepLimiter(d.Redis, d.Cfg.RedisNamespace)})
 	bulk.Coord = s.Coordinator
 	s.Bulk = bulk
 	s.Background = append(s.Background, bulk)

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -23,16 +22,7 @@ const BacklogAtQuota = "backlog-at-quota"
 // stream), stream entries against pending tasks, timeline rows written by
 // re-dispatch, and Redis memory.
 func runBacklogAtQuota(ctx context.Context, o Options, rep *Report, tasks int, hold time.Duration) (Result, error) {
-	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = 16 }, func(p *probe) map[string]workers.Executor {
-		return map[string]workers.Executor{"noop": workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
-			select {
-			case <-time.After(200 * time.Millisecond):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return json.RawMessage(`{}`), nil
-		})}
-	})
+	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = 16 }, timedNoops(200*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		return Result{}, err
 	}

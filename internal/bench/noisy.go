@@ -32,25 +32,9 @@ const fanWidth = 400
 // phases and their ratio, and A's backlog and throughput while B ran.
 func runNoisyNeighbour(ctx context.Context, o Options, rep *Report, aTasks, bRuns int) (Result, error) {
 	const taskTime, slowTaskTime = 50 * time.Millisecond, 500 * time.Millisecond
-	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = 32 }, func(p *probe) map[string]workers.Executor {
-		// The steps are noop nodes this executor gives a duration: the
-		// platform's scheduler is what is measured.
-		return map[string]workers.Executor{"noop": workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
-			p.started(t.Run, t.NodeID)
-			d := taskTime
-			var in struct{ Slow bool }
-			_ = json.Unmarshal(t.Input, &in)
-			if in.Slow {
-				d = slowTaskTime
-			}
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-			return json.RawMessage(`{}`), nil
-		})}
-	})
+	// The steps are noop nodes the executor gives a duration: the
+	// platform's scheduler is what is measured.
+	e, err := setup(ctx, o, func(c *workers.Config) { c.Concurrency = 32 }, timedNoops(taskTime, slowTaskTime))
 	if err != nil {
 		return Result{}, err
 	}
@@ -157,6 +141,28 @@ func runNoisyNeighbour(ctx context.Context, o Options, rep *Report, aTasks, bRun
 			"a_enqueue_seconds":         fmt.Sprintf("%.1f", floodTook.Seconds()),
 		},
 	}, nil
+}
+
+// timedNoops runs noop steps for d, or for slow when their input says
+// {"slow": true}, recording each start with the probe.
+func timedNoops(d, slow time.Duration) func(*probe) map[string]workers.Executor {
+	return func(p *probe) map[string]workers.Executor {
+		return map[string]workers.Executor{"noop": workers.ExecutorFunc(func(ctx context.Context, t workers.Task) (json.RawMessage, error) {
+			p.started(t.Run, t.NodeID)
+			wait := d
+			var in struct{ Slow bool }
+			_ = json.Unmarshal(t.Input, &in)
+			if in.Slow {
+				wait = slow
+			}
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return json.RawMessage(`{}`), nil
+		})}
+	}
 }
 
 // backlog counts a tenant's tasks waiting for a worker.

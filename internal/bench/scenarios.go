@@ -38,7 +38,7 @@ const (
 
 // All lists every scenario in the order they run.
 var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
-	CeilingStream, GraphQLRuns, NoisyNeighbour, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest, BulkCancel}
+	CeilingStream, GraphQLRuns, NoisyNeighbour, PriorityBacklog, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest, BulkCancel}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -90,6 +90,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runGraphQLRuns(ctx, o, &rep, n(1_000_000), 300)
 		case NoisyNeighbour:
 			r, err = runNoisyNeighbour(ctx, o, &rep, n(20_000), n(200))
+		case PriorityBacklog:
+			r, err = runPriorityBacklog(ctx, o, &rep, n(5000), n(200))
 		case BacklogAtQuota:
 			r, err = runBacklogAtQuota(ctx, o, &rep, n(100_000), 2*time.Minute)
 		case Tenants1:
@@ -180,8 +182,13 @@ func (e *env) workflowFor(ctx context.Context, tenant uuid.UUID, def string) (uu
 }
 
 func (e *env) startRun(ctx context.Context, tenant, wf uuid.UUID) (uuid.UUID, time.Time, error) {
+	return e.startRunAt(ctx, tenant, wf, 0)
+}
+
+// startRunAt is startRun at a priority.
+func (e *env) startRunAt(ctx context.Context, tenant, wf uuid.UUID, priority int) (uuid.UUID, time.Time, error) {
 	t0 := time.Now()
-	res, err := e.server.Coordinator.StartRun(ctx, tenant, engine.StartRun{WorkflowID: wf})
+	res, err := e.server.Coordinator.StartRun(ctx, tenant, engine.StartRun{WorkflowID: wf, Priority: priority})
 	return res.RunID, t0, err
 }
 
@@ -194,7 +201,7 @@ func (e *env) drive(ctx context.Context, wf uuid.UUID, k, total int) (map[uuid.U
 // driveFor is drive for any tenant.
 func (e *env) driveFor(ctx context.Context, tenant, wf uuid.UUID, k, total int) (map[uuid.UUID]time.Time, time.Duration, error) {
 	t0 := time.Now()
-	starts, err := e.driveSpread(ctx, func(int) tw { return tw{tenant, wf} }, k, total)
+	starts, err := e.driveSpread(ctx, func(int) tw { return tw{tenant: tenant, wf: wf} }, k, total)
 	return starts, time.Since(t0), err
 }
 

@@ -84,7 +84,7 @@ func runManyTenants(ctx context.Context, o Options, rep *Report, name string, n,
 					errc <- err
 					return
 				}
-				all[i] = tw{id, wf}
+				all[i] = tw{tenant: id, wf: wf}
 			}
 		}()
 	}
@@ -155,7 +155,11 @@ func runManyTenants(ctx context.Context, o Options, rep *Report, name string, n,
 }
 
 // tw is a tenant and its workflow.
-type tw struct{ tenant, wf uuid.UUID }
+type tw struct {
+	tenant, wf uuid.UUID
+	// priority is the run's (engine.StartRun.Priority).
+	priority int
+}
 
 // driveSpread keeps k runs in flight until total have finished, the i-th
 // run for who(i), and returns each run's start time.
@@ -171,7 +175,7 @@ func (e *env) driveSpread(ctx context.Context, who func(int) tw, k, total int) (
 			defer wg.Done()
 			for i := int(next.Add(1) - 1); i < total; i = int(next.Add(1) - 1) {
 				x := who(i)
-				id, st, err := e.startRun(ctx, x.tenant, x.wf)
+				id, st, err := e.startRunAt(ctx, x.tenant, x.wf, x.priority)
 				if err != nil {
 					errc <- err
 					return

@@ -23,11 +23,17 @@ func TestRoleBoundaries(t *testing.T) {
 		"tenants/tenants.go": true, "tenants/limits.go": true, "internal/app/dev.go": true,
 		// claims due schedules across tenants; each fire runs in its tenant's own transactions
 		"schedules/firer.go": true,
+		// claims a due bulk job across tenants and expires finished ones;
+		// each batch runs in the job's tenant's own transactions
+		"engine/bulk.go": true,
 	}
 	unscoped := map[string]bool{"auth/authenticate.go": true}
 	// One transaction over several tenants' statements: the platform's lease
 	// path only (a worker's fill), never a tenant's request.
-	multi := map[string]bool{"engine/leases.go": true}
+	multi := map[string]bool{"engine/leases.go": true,
+		// the lease path's second half: gives back, per tenant, the fresh
+		// leases of rate-limited steps it just granted
+		"engine/ratelimit.go": true}
 	root, err := filepath.Abs("../..")
 	require.NoError(t, err)
 	call := regexp.MustCompile(`\.(System\(\)|Unscoped\(\)|PipelineTenants\()`)

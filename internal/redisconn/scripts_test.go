@@ -25,10 +25,12 @@ var keyArgs = map[string]func(args []string) []int{
 	"GET": first, "SET": first, "EXISTS": all, "DEL": all, "UNLINK": all, "PEXPIRE": first, "EXPIRE": first, "PTTL": first,
 	"HSET": first, "HGET": first, "HDEL": first, "HINCRBY": first, "HMGET": first, "HGETALL": first,
 	"ZADD": first, "ZREM": first, "ZSCORE": first, "ZCARD": first, "ZCOUNT": first, "ZRANGEBYSCORE": first,
-	"ZREMRANGEBYSCORE": first,
-	"XADD":             first, "XACK": first, "XDEL": first, "XLEN": first, "XAUTOCLAIM": first, "XCLAIM": first, "XPENDING": first,
-	// XGROUP <subcommand> <key> ...
+	"ZREMRANGEBYSCORE": first, "SADD": first, "SREM": first, "SMEMBERS": first,
+	"XADD": first, "XACK": first, "XDEL": first, "XLEN": first, "XAUTOCLAIM": first, "XCLAIM": first, "XPENDING": first,
+	"XRANGE": first,
+	// XGROUP <subcommand> <key> ...; XINFO GROUPS <key>
 	"XGROUP": func([]string) []int { return []int{2} },
+	"XINFO":  func([]string) []int { return []int{2} },
 	// XREADGROUP ... STREAMS <key>... <id>...
 	"XREADGROUP": func(args []string) []int {
 		for i, a := range args {

@@ -83,9 +83,11 @@ type Run struct {
 	Output         json.RawMessage
 	Error          json.RawMessage
 	IdempotencyKey string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	FinishedAt     *time.Time
+	// Priority is the run's priority, -2..2 (Start.Priority).
+	Priority   int
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt *time.Time
 	// ParentRunID and ParentNode name the run and node that started a
 	// child run ("" for a run started otherwise).
 	ParentRunID string
@@ -119,7 +121,7 @@ type Task struct {
 
 func runOf(f RunFields) *Run {
 	r := &Run{ID: f.Id, WorkflowID: f.Workflow.Id, Workflow: f.Workflow.Name, WorkflowVersion: f.WorkflowVersion, Status: string(f.Status),
-		Input: f.Input, Output: raw(f.Output), Error: raw(f.Error), IdempotencyKey: str(f.IdempotencyKey), CreatedAt: f.CreatedAt,
+		Input: f.Input, Output: raw(f.Output), Error: raw(f.Error), IdempotencyKey: str(f.IdempotencyKey), Priority: f.Priority, CreatedAt: f.CreatedAt,
 		UpdatedAt: f.UpdatedAt, FinishedAt: f.FinishedAt, ParentRunID: str(f.ParentRunId), ParentNode: str(f.ParentNode),
 		ConcurrencyKey: str(f.ConcurrencyKey)}
 	for _, t := range f.Tasks {
@@ -214,6 +216,11 @@ type Start struct {
 	// IdempotencyKey makes the start safe to retry: a repeat with the same
 	// key (and the same parameters) returns the run the first created.
 	IdempotencyKey string
+	// Priority is the run's priority, -2 (lowest) to 2 (highest), 0 by
+	// default: within the tenant's share of the workers its steps start
+	// before lower-priority steps queued less than a minute per level
+	// earlier (a node's own priority, if its definition sets one, wins).
+	Priority int
 }
 
 // StartRun starts a run; created is false when the idempotency key named
@@ -224,7 +231,7 @@ func (c *Client) StartRun(ctx context.Context, s Start) (run *Run, created bool,
 		return nil, false, err
 	}
 	res, err := startRun(ctx, c.gql, StartRunInput{WorkflowId: ptr(s.WorkflowID), WorkflowName: ptr(s.Workflow), Version: ptr(s.Version),
-		Input: in, IdempotencyKey: ptr(s.IdempotencyKey)})
+		Input: in, IdempotencyKey: ptr(s.IdempotencyKey), Priority: ptr(s.Priority)})
 	if err != nil {
 		return nil, false, apiError(err)
 	}

@@ -313,6 +313,56 @@ func (v *PublishEventInput) GetPayload() *json.RawMessage { return v.Payload }
 // GetId returns PublishEventInput.Id, and is useful for accessing the field via an interface.
 func (v *PublishEventInput) GetId() string { return v.Id }
 
+// RateLimitFields includes the GraphQL fields of RateLimit requested by the fragment RateLimitFields.
+type RateLimitFields struct {
+	// Lowercase letters, digits, '_' and '-', starting with a letter; at most 64.
+	Name string `json:"name"`
+	// Tokens a second, per key (more than 0, at most 10,000).
+	PerSecond float64 `json:"perSecond"`
+	// Tokens a key's bucket holds: how many steps of one key may start at once (1-100,000).
+	Burst       int       `json:"burst"`
+	Description string    `json:"description"`
+	CreatedAt   time.Time `json:"createdAt"`
+	UpdatedAt   time.Time `json:"updatedAt"`
+}
+
+// GetName returns RateLimitFields.Name, and is useful for accessing the field via an interface.
+func (v *RateLimitFields) GetName() string { return v.Name }
+
+// GetPerSecond returns RateLimitFields.PerSecond, and is useful for accessing the field via an interface.
+func (v *RateLimitFields) GetPerSecond() float64 { return v.PerSecond }
+
+// GetBurst returns RateLimitFields.Burst, and is useful for accessing the field via an interface.
+func (v *RateLimitFields) GetBurst() int { return v.Burst }
+
+// GetDescription returns RateLimitFields.Description, and is useful for accessing the field via an interface.
+func (v *RateLimitFields) GetDescription() string { return v.Description }
+
+// GetCreatedAt returns RateLimitFields.CreatedAt, and is useful for accessing the field via an interface.
+func (v *RateLimitFields) GetCreatedAt() time.Time { return v.CreatedAt }
+
+// GetUpdatedAt returns RateLimitFields.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *RateLimitFields) GetUpdatedAt() time.Time { return v.UpdatedAt }
+
+type RateLimitInput struct {
+	Name        string  `json:"name"`
+	PerSecond   float64 `json:"perSecond"`
+	Burst       int     `json:"burst"`
+	Description *string `json:"description"`
+}
+
+// GetName returns RateLimitInput.Name, and is useful for accessing the field via an interface.
+func (v *RateLimitInput) GetName() string { return v.Name }
+
+// GetPerSecond returns RateLimitInput.PerSecond, and is useful for accessing the field via an interface.
+func (v *RateLimitInput) GetPerSecond() float64 { return v.PerSecond }
+
+// GetBurst returns RateLimitInput.Burst, and is useful for accessing the field via an interface.
+func (v *RateLimitInput) GetBurst() int { return v.Burst }
+
+// GetDescription returns RateLimitInput.Description, and is useful for accessing the field via an interface.
+func (v *RateLimitInput) GetDescription() *string { return v.Description }
+
 // RunFields includes the GraphQL fields of Run requested by the fragment RunFields.
 type RunFields struct {
 	Id              string            `json:"id"`
@@ -323,9 +373,11 @@ type RunFields struct {
 	Output          *json.RawMessage  `json:"output"`
 	Error           *json.RawMessage  `json:"error"`
 	IdempotencyKey  *string           `json:"idempotencyKey"`
-	CreatedAt       time.Time         `json:"createdAt"`
-	UpdatedAt       time.Time         `json:"updatedAt"`
-	FinishedAt      *time.Time        `json:"finishedAt"`
+	// The run's priority (-2..2): see StartRunInput.priority.
+	Priority   int        `json:"priority"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	UpdatedAt  time.Time  `json:"updatedAt"`
+	FinishedAt *time.Time `json:"finishedAt"`
 	// For a child run: the run whose workflow node (or map element) started it, and that node's id.
 	ParentRunId *string `json:"parentRunId"`
 	ParentNode  *string `json:"parentNode"`
@@ -358,6 +410,9 @@ func (v *RunFields) GetError() *json.RawMessage { return v.Error }
 
 // GetIdempotencyKey returns RunFields.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *RunFields) GetIdempotencyKey() *string { return v.IdempotencyKey }
+
+// GetPriority returns RunFields.Priority, and is useful for accessing the field via an interface.
+func (v *RunFields) GetPriority() int { return v.Priority }
 
 // GetCreatedAt returns RunFields.CreatedAt, and is useful for accessing the field via an interface.
 func (v *RunFields) GetCreatedAt() time.Time { return v.CreatedAt }
@@ -663,6 +718,13 @@ type StartRunInput struct {
 	Version        *int             `json:"version,omitempty"`
 	Input          *json.RawMessage `json:"input,omitempty"`
 	IdempotencyKey *string          `json:"idempotencyKey,omitempty"`
+	// The run's priority, -2 (lowest) to 2 (highest), 0 by default: its steps'
+	// unless their node sets its own. Within the tenant's share of the workers,
+	// a step of a higher priority starts before one of a lower priority that
+	// was queued less than a minute per level earlier; older lower-priority
+	// steps go first (bounded aging: none is starved). Other tenants' shares
+	// are not changed.
+	Priority *int `json:"priority,omitempty"`
 	// Business keys kept with the run, shown with it, carried by its webhooks
 	// and filterable (runs(filter: {metadata: ...})): an object of strings, at
 	// most 16 keys (letters, digits, '_', '.', '-'), values of at most 256
@@ -685,6 +747,9 @@ func (v *StartRunInput) GetInput() *json.RawMessage { return v.Input }
 
 // GetIdempotencyKey returns StartRunInput.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *StartRunInput) GetIdempotencyKey() *string { return v.IdempotencyKey }
+
+// GetPriority returns StartRunInput.Priority, and is useful for accessing the field via an interface.
+func (v *StartRunInput) GetPriority() *int { return v.Priority }
 
 // GetMetadata returns StartRunInput.Metadata, and is useful for accessing the field via an interface.
 func (v *StartRunInput) GetMetadata() *json.RawMessage { return v.Metadata }
@@ -852,6 +917,14 @@ func (v *__createBulkOperationInput) GetReason() *string { return v.Reason }
 // GetIdempotencyKey returns __createBulkOperationInput.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *__createBulkOperationInput) GetIdempotencyKey() *string { return v.IdempotencyKey }
 
+// __createRateLimitInput is used internally by genqlient
+type __createRateLimitInput struct {
+	Input RateLimitInput `json:"input"`
+}
+
+// GetInput returns __createRateLimitInput.Input, and is useful for accessing the field via an interface.
+func (v *__createRateLimitInput) GetInput() RateLimitInput { return v.Input }
+
 // __createScheduleInput is used internally by genqlient
 type __createScheduleInput struct {
 	Input CreateScheduleInput `json:"input"`
@@ -867,6 +940,14 @@ type __createWorkflowInput struct {
 
 // GetInput returns __createWorkflowInput.Input, and is useful for accessing the field via an interface.
 func (v *__createWorkflowInput) GetInput() CreateWorkflowInput { return v.Input }
+
+// __deleteRateLimitInput is used internally by genqlient
+type __deleteRateLimitInput struct {
+	Name string `json:"name"`
+}
+
+// GetName returns __deleteRateLimitInput.Name, and is useful for accessing the field via an interface.
+func (v *__deleteRateLimitInput) GetName() string { return v.Name }
 
 // __deleteScheduleInput is used internally by genqlient
 type __deleteScheduleInput struct {
@@ -1000,6 +1081,14 @@ func (v *__publishWorkflowVersionInput) GetWorkflowId() string { return v.Workfl
 // GetDefinition returns __publishWorkflowVersionInput.Definition, and is useful for accessing the field via an interface.
 func (v *__publishWorkflowVersionInput) GetDefinition() json.RawMessage { return v.Definition }
 
+// __rateLimitInput is used internally by genqlient
+type __rateLimitInput struct {
+	Name string `json:"name"`
+}
+
+// GetName returns __rateLimitInput.Name, and is useful for accessing the field via an interface.
+func (v *__rateLimitInput) GetName() string { return v.Name }
+
 // __resumeQueueInput is used internally by genqlient
 type __resumeQueueInput struct {
 	Queue string `json:"queue"`
@@ -1059,6 +1148,14 @@ type __startRunInput struct {
 
 // GetInput returns __startRunInput.Input, and is useful for accessing the field via an interface.
 func (v *__startRunInput) GetInput() StartRunInput { return v.Input }
+
+// __updateRateLimitInput is used internally by genqlient
+type __updateRateLimitInput struct {
+	Input RateLimitInput `json:"input"`
+}
+
+// GetInput returns __updateRateLimitInput.Input, and is useful for accessing the field via an interface.
+func (v *__updateRateLimitInput) GetInput() RateLimitInput { return v.Input }
 
 // __updateScheduleInput is used internally by genqlient
 type __updateScheduleInput struct {
@@ -1426,6 +1523,9 @@ func (v *cancelRunCancelRun) GetError() *json.RawMessage { return v.RunFields.Er
 // GetIdempotencyKey returns cancelRunCancelRun.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetIdempotencyKey() *string { return v.RunFields.IdempotencyKey }
 
+// GetPriority returns cancelRunCancelRun.Priority, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetPriority() int { return v.RunFields.Priority }
+
 // GetCreatedAt returns cancelRunCancelRun.CreatedAt, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetCreatedAt() time.Time { return v.RunFields.CreatedAt }
 
@@ -1489,6 +1589,8 @@ type __premarshalcancelRunCancelRun struct {
 
 	IdempotencyKey *string `json:"idempotencyKey"`
 
+	Priority int `json:"priority"`
+
 	CreatedAt time.Time `json:"createdAt"`
 
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -1523,6 +1625,7 @@ func (v *cancelRunCancelRun) __premarshalJSON() (*__premarshalcancelRunCancelRun
 	retval.Output = v.RunFields.Output
 	retval.Error = v.RunFields.Error
 	retval.IdempotencyKey = v.RunFields.IdempotencyKey
+	retval.Priority = v.RunFields.Priority
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
@@ -1738,6 +1841,107 @@ type createBulkOperationResponse struct {
 // GetCreateBulkOperation returns createBulkOperationResponse.CreateBulkOperation, and is useful for accessing the field via an interface.
 func (v *createBulkOperationResponse) GetCreateBulkOperation() createBulkOperationCreateBulkOperationCreateBulkOperationPayload {
 	return v.CreateBulkOperation
+}
+
+// createRateLimitCreateRateLimit includes the requested fields of the GraphQL type RateLimit.
+type createRateLimitCreateRateLimit struct {
+	RateLimitFields `json:"-"`
+}
+
+// GetName returns createRateLimitCreateRateLimit.Name, and is useful for accessing the field via an interface.
+func (v *createRateLimitCreateRateLimit) GetName() string { return v.RateLimitFields.Name }
+
+// GetPerSecond returns createRateLimitCreateRateLimit.PerSecond, and is useful for accessing the field via an interface.
+func (v *createRateLimitCreateRateLimit) GetPerSecond() float64 { return v.RateLimitFields.PerSecond }
+
+// GetBurst returns createRateLimitCreateRateLimit.Burst, and is useful for accessing the field via an interface.
+func (v *createRateLimitCreateRateLimit) GetBurst() int { return v.RateLimitFields.Burst }
+
+// GetDescription returns createRateLimitCreateRateLimit.Description, and is useful for accessing the field via an interface.
+func (v *createRateLimitCreateRateLimit) GetDescription() string {
+	return v.RateLimitFields.Description
+}
+
+// GetCreatedAt returns createRateLimitCreateRateLimit.CreatedAt, and is useful for accessing the field via an interface.
+func (v *createRateLimitCreateRateLimit) GetCreatedAt() time.Time { return v.RateLimitFields.CreatedAt }
+
+// GetUpdatedAt returns createRateLimitCreateRateLimit.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *createRateLimitCreateRateLimit) GetUpdatedAt() time.Time { return v.RateLimitFields.UpdatedAt }
+
+func (v *createRateLimitCreateRateLimit) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*createRateLimitCreateRateLimit
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.createRateLimitCreateRateLimit = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.RateLimitFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalcreateRateLimitCreateRateLimit struct {
+	Name string `json:"name"`
+
+	PerSecond float64 `json:"perSecond"`
+
+	Burst int `json:"burst"`
+
+	Description string `json:"description"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *createRateLimitCreateRateLimit) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *createRateLimitCreateRateLimit) __premarshalJSON() (*__premarshalcreateRateLimitCreateRateLimit, error) {
+	var retval __premarshalcreateRateLimitCreateRateLimit
+
+	retval.Name = v.RateLimitFields.Name
+	retval.PerSecond = v.RateLimitFields.PerSecond
+	retval.Burst = v.RateLimitFields.Burst
+	retval.Description = v.RateLimitFields.Description
+	retval.CreatedAt = v.RateLimitFields.CreatedAt
+	retval.UpdatedAt = v.RateLimitFields.UpdatedAt
+	return &retval, nil
+}
+
+// createRateLimitResponse is returned by createRateLimit on success.
+type createRateLimitResponse struct {
+	// Declares a named step rate limit. Steps name it in their definition
+	// ("rate_limit": {"name": "partner-api", "key": "input.partner_id"}) and
+	// each key's bucket gives perSecond tokens a second, burst at once; a step
+	// whose token is not due waits (it is re-dispatched when its token is due,
+	// on the same attempt) and is never failed for it. At most the plan's
+	// maxRateLimits (QUOTA_EXCEEDED); a name taken is CONFLICT. Needs
+	// workflows:write.
+	CreateRateLimit createRateLimitCreateRateLimit `json:"createRateLimit"`
+}
+
+// GetCreateRateLimit returns createRateLimitResponse.CreateRateLimit, and is useful for accessing the field via an interface.
+func (v *createRateLimitResponse) GetCreateRateLimit() createRateLimitCreateRateLimit {
+	return v.CreateRateLimit
 }
 
 // createScheduleCreateSchedule includes the requested fields of the GraphQL type Schedule.
@@ -2024,6 +2228,15 @@ type createWorkflowResponse struct {
 func (v *createWorkflowResponse) GetCreateWorkflow() createWorkflowCreateWorkflowCreateWorkflowPayload {
 	return v.CreateWorkflow
 }
+
+// deleteRateLimitResponse is returned by deleteRateLimit on success.
+type deleteRateLimitResponse struct {
+	// Deletes a rate limit; steps that still name it run unlimited (within 5 seconds). Needs workflows:write.
+	DeleteRateLimit string `json:"deleteRateLimit"`
+}
+
+// GetDeleteRateLimit returns deleteRateLimitResponse.DeleteRateLimit, and is useful for accessing the field via an interface.
+func (v *deleteRateLimitResponse) GetDeleteRateLimit() string { return v.DeleteRateLimit }
 
 // deleteScheduleResponse is returned by deleteSchedule on success.
 type deleteScheduleResponse struct {
@@ -2326,6 +2539,9 @@ func (v *getRunRun) GetError() *json.RawMessage { return v.RunFields.Error }
 // GetIdempotencyKey returns getRunRun.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetIdempotencyKey() *string { return v.RunFields.IdempotencyKey }
 
+// GetPriority returns getRunRun.Priority, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetPriority() int { return v.RunFields.Priority }
+
 // GetCreatedAt returns getRunRun.CreatedAt, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetCreatedAt() time.Time { return v.RunFields.CreatedAt }
 
@@ -2389,6 +2605,8 @@ type __premarshalgetRunRun struct {
 
 	IdempotencyKey *string `json:"idempotencyKey"`
 
+	Priority int `json:"priority"`
+
 	CreatedAt time.Time `json:"createdAt"`
 
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -2423,6 +2641,7 @@ func (v *getRunRun) __premarshalJSON() (*__premarshalgetRunRun, error) {
 	retval.Output = v.RunFields.Output
 	retval.Error = v.RunFields.Error
 	retval.IdempotencyKey = v.RunFields.IdempotencyKey
+	retval.Priority = v.RunFields.Priority
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
@@ -3649,6 +3868,188 @@ func (v *publishWorkflowVersionResponse) GetPublishWorkflowVersion() publishWork
 	return v.PublishWorkflowVersion
 }
 
+// rateLimitRateLimit includes the requested fields of the GraphQL type RateLimit.
+type rateLimitRateLimit struct {
+	RateLimitFields `json:"-"`
+}
+
+// GetName returns rateLimitRateLimit.Name, and is useful for accessing the field via an interface.
+func (v *rateLimitRateLimit) GetName() string { return v.RateLimitFields.Name }
+
+// GetPerSecond returns rateLimitRateLimit.PerSecond, and is useful for accessing the field via an interface.
+func (v *rateLimitRateLimit) GetPerSecond() float64 { return v.RateLimitFields.PerSecond }
+
+// GetBurst returns rateLimitRateLimit.Burst, and is useful for accessing the field via an interface.
+func (v *rateLimitRateLimit) GetBurst() int { return v.RateLimitFields.Burst }
+
+// GetDescription returns rateLimitRateLimit.Description, and is useful for accessing the field via an interface.
+func (v *rateLimitRateLimit) GetDescription() string { return v.RateLimitFields.Description }
+
+// GetCreatedAt returns rateLimitRateLimit.CreatedAt, and is useful for accessing the field via an interface.
+func (v *rateLimitRateLimit) GetCreatedAt() time.Time { return v.RateLimitFields.CreatedAt }
+
+// GetUpdatedAt returns rateLimitRateLimit.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *rateLimitRateLimit) GetUpdatedAt() time.Time { return v.RateLimitFields.UpdatedAt }
+
+func (v *rateLimitRateLimit) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*rateLimitRateLimit
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.rateLimitRateLimit = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.RateLimitFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalrateLimitRateLimit struct {
+	Name string `json:"name"`
+
+	PerSecond float64 `json:"perSecond"`
+
+	Burst int `json:"burst"`
+
+	Description string `json:"description"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *rateLimitRateLimit) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *rateLimitRateLimit) __premarshalJSON() (*__premarshalrateLimitRateLimit, error) {
+	var retval __premarshalrateLimitRateLimit
+
+	retval.Name = v.RateLimitFields.Name
+	retval.PerSecond = v.RateLimitFields.PerSecond
+	retval.Burst = v.RateLimitFields.Burst
+	retval.Description = v.RateLimitFields.Description
+	retval.CreatedAt = v.RateLimitFields.CreatedAt
+	retval.UpdatedAt = v.RateLimitFields.UpdatedAt
+	return &retval, nil
+}
+
+// rateLimitResponse is returned by rateLimit on success.
+type rateLimitResponse struct {
+	// One rate limit by name. Needs workflows:read.
+	RateLimit *rateLimitRateLimit `json:"rateLimit"`
+}
+
+// GetRateLimit returns rateLimitResponse.RateLimit, and is useful for accessing the field via an interface.
+func (v *rateLimitResponse) GetRateLimit() *rateLimitRateLimit { return v.RateLimit }
+
+// rateLimitsRateLimitsRateLimit includes the requested fields of the GraphQL type RateLimit.
+type rateLimitsRateLimitsRateLimit struct {
+	RateLimitFields `json:"-"`
+}
+
+// GetName returns rateLimitsRateLimitsRateLimit.Name, and is useful for accessing the field via an interface.
+func (v *rateLimitsRateLimitsRateLimit) GetName() string { return v.RateLimitFields.Name }
+
+// GetPerSecond returns rateLimitsRateLimitsRateLimit.PerSecond, and is useful for accessing the field via an interface.
+func (v *rateLimitsRateLimitsRateLimit) GetPerSecond() float64 { return v.RateLimitFields.PerSecond }
+
+// GetBurst returns rateLimitsRateLimitsRateLimit.Burst, and is useful for accessing the field via an interface.
+func (v *rateLimitsRateLimitsRateLimit) GetBurst() int { return v.RateLimitFields.Burst }
+
+// GetDescription returns rateLimitsRateLimitsRateLimit.Description, and is useful for accessing the field via an interface.
+func (v *rateLimitsRateLimitsRateLimit) GetDescription() string { return v.RateLimitFields.Description }
+
+// GetCreatedAt returns rateLimitsRateLimitsRateLimit.CreatedAt, and is useful for accessing the field via an interface.
+func (v *rateLimitsRateLimitsRateLimit) GetCreatedAt() time.Time { return v.RateLimitFields.CreatedAt }
+
+// GetUpdatedAt returns rateLimitsRateLimitsRateLimit.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *rateLimitsRateLimitsRateLimit) GetUpdatedAt() time.Time { return v.RateLimitFields.UpdatedAt }
+
+func (v *rateLimitsRateLimitsRateLimit) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*rateLimitsRateLimitsRateLimit
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.rateLimitsRateLimitsRateLimit = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.RateLimitFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalrateLimitsRateLimitsRateLimit struct {
+	Name string `json:"name"`
+
+	PerSecond float64 `json:"perSecond"`
+
+	Burst int `json:"burst"`
+
+	Description string `json:"description"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *rateLimitsRateLimitsRateLimit) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *rateLimitsRateLimitsRateLimit) __premarshalJSON() (*__premarshalrateLimitsRateLimitsRateLimit, error) {
+	var retval __premarshalrateLimitsRateLimitsRateLimit
+
+	retval.Name = v.RateLimitFields.Name
+	retval.PerSecond = v.RateLimitFields.PerSecond
+	retval.Burst = v.RateLimitFields.Burst
+	retval.Description = v.RateLimitFields.Description
+	retval.CreatedAt = v.RateLimitFields.CreatedAt
+	retval.UpdatedAt = v.RateLimitFields.UpdatedAt
+	return &retval, nil
+}
+
+// rateLimitsResponse is returned by rateLimits on success.
+type rateLimitsResponse struct {
+	// The tenant's step rate limits, by name (at most the plan's maxRateLimits). Needs workflows:read.
+	RateLimits []rateLimitsRateLimitsRateLimit `json:"rateLimits"`
+}
+
+// GetRateLimits returns rateLimitsResponse.RateLimits, and is useful for accessing the field via an interface.
+func (v *rateLimitsResponse) GetRateLimits() []rateLimitsRateLimitsRateLimit { return v.RateLimits }
+
 // resumeQueueResponse is returned by resumeQueue on success.
 type resumeQueueResponse struct {
 	// Resumes a paused queue; its waiting tasks are dispatched again. Needs runs:write.
@@ -4227,6 +4628,9 @@ func (v *startRunStartRunStartRunPayloadRun) GetIdempotencyKey() *string {
 	return v.RunFields.IdempotencyKey
 }
 
+// GetPriority returns startRunStartRunStartRunPayloadRun.Priority, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetPriority() int { return v.RunFields.Priority }
+
 // GetCreatedAt returns startRunStartRunStartRunPayloadRun.CreatedAt, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetCreatedAt() time.Time { return v.RunFields.CreatedAt }
 
@@ -4296,6 +4700,8 @@ type __premarshalstartRunStartRunStartRunPayloadRun struct {
 
 	IdempotencyKey *string `json:"idempotencyKey"`
 
+	Priority int `json:"priority"`
+
 	CreatedAt time.Time `json:"createdAt"`
 
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -4330,6 +4736,7 @@ func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalst
 	retval.Output = v.RunFields.Output
 	retval.Error = v.RunFields.Error
 	retval.IdempotencyKey = v.RunFields.IdempotencyKey
+	retval.Priority = v.RunFields.Priority
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
@@ -4337,6 +4744,101 @@ func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalst
 	retval.ParentNode = v.RunFields.ParentNode
 	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
 	retval.Tasks = v.RunFields.Tasks
+	return &retval, nil
+}
+
+// updateRateLimitResponse is returned by updateRateLimit on success.
+type updateRateLimitResponse struct {
+	// Changes a rate limit's rate, burst or description; applies within 5 seconds. Needs workflows:write.
+	UpdateRateLimit updateRateLimitUpdateRateLimit `json:"updateRateLimit"`
+}
+
+// GetUpdateRateLimit returns updateRateLimitResponse.UpdateRateLimit, and is useful for accessing the field via an interface.
+func (v *updateRateLimitResponse) GetUpdateRateLimit() updateRateLimitUpdateRateLimit {
+	return v.UpdateRateLimit
+}
+
+// updateRateLimitUpdateRateLimit includes the requested fields of the GraphQL type RateLimit.
+type updateRateLimitUpdateRateLimit struct {
+	RateLimitFields `json:"-"`
+}
+
+// GetName returns updateRateLimitUpdateRateLimit.Name, and is useful for accessing the field via an interface.
+func (v *updateRateLimitUpdateRateLimit) GetName() string { return v.RateLimitFields.Name }
+
+// GetPerSecond returns updateRateLimitUpdateRateLimit.PerSecond, and is useful for accessing the field via an interface.
+func (v *updateRateLimitUpdateRateLimit) GetPerSecond() float64 { return v.RateLimitFields.PerSecond }
+
+// GetBurst returns updateRateLimitUpdateRateLimit.Burst, and is useful for accessing the field via an interface.
+func (v *updateRateLimitUpdateRateLimit) GetBurst() int { return v.RateLimitFields.Burst }
+
+// GetDescription returns updateRateLimitUpdateRateLimit.Description, and is useful for accessing the field via an interface.
+func (v *updateRateLimitUpdateRateLimit) GetDescription() string {
+	return v.RateLimitFields.Description
+}
+
+// GetCreatedAt returns updateRateLimitUpdateRateLimit.CreatedAt, and is useful for accessing the field via an interface.
+func (v *updateRateLimitUpdateRateLimit) GetCreatedAt() time.Time { return v.RateLimitFields.CreatedAt }
+
+// GetUpdatedAt returns updateRateLimitUpdateRateLimit.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *updateRateLimitUpdateRateLimit) GetUpdatedAt() time.Time { return v.RateLimitFields.UpdatedAt }
+
+func (v *updateRateLimitUpdateRateLimit) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*updateRateLimitUpdateRateLimit
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.updateRateLimitUpdateRateLimit = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.RateLimitFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalupdateRateLimitUpdateRateLimit struct {
+	Name string `json:"name"`
+
+	PerSecond float64 `json:"perSecond"`
+
+	Burst int `json:"burst"`
+
+	Description string `json:"description"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+func (v *updateRateLimitUpdateRateLimit) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *updateRateLimitUpdateRateLimit) __premarshalJSON() (*__premarshalupdateRateLimitUpdateRateLimit, error) {
+	var retval __premarshalupdateRateLimitUpdateRateLimit
+
+	retval.Name = v.RateLimitFields.Name
+	retval.PerSecond = v.RateLimitFields.PerSecond
+	retval.Burst = v.RateLimitFields.Burst
+	retval.Description = v.RateLimitFields.Description
+	retval.CreatedAt = v.RateLimitFields.CreatedAt
+	retval.UpdatedAt = v.RateLimitFields.UpdatedAt
 	return &retval, nil
 }
 
@@ -4801,6 +5303,7 @@ fragment RunFields on Run {
 	output
 	error
 	idempotencyKey
+	priority
 	createdAt
 	updatedAt
 	finishedAt
@@ -4926,6 +5429,48 @@ func createBulkOperation(
 	return data_, err_
 }
 
+// The mutation executed by createRateLimit.
+const createRateLimit_Operation = `
+mutation createRateLimit ($input: RateLimitInput!) {
+	createRateLimit(input: $input) {
+		... RateLimitFields
+	}
+}
+fragment RateLimitFields on RateLimit {
+	name
+	perSecond
+	burst
+	description
+	createdAt
+	updatedAt
+}
+`
+
+func createRateLimit(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	input RateLimitInput,
+) (data_ *createRateLimitResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "createRateLimit",
+		Query:  createRateLimit_Operation,
+		Variables: &__createRateLimitInput{
+			Input: input,
+		},
+	}
+
+	data_ = &createRateLimitResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by createSchedule.
 const createSchedule_Operation = `
 mutation createSchedule ($input: CreateScheduleInput!) {
@@ -5018,6 +5563,38 @@ func createWorkflow(
 	}
 
 	data_ = &createWorkflowResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by deleteRateLimit.
+const deleteRateLimit_Operation = `
+mutation deleteRateLimit ($name: String!) {
+	deleteRateLimit(name: $name)
+}
+`
+
+func deleteRateLimit(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	name string,
+) (data_ *deleteRateLimitResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "deleteRateLimit",
+		Query:  deleteRateLimit_Operation,
+		Variables: &__deleteRateLimitInput{
+			Name: name,
+		},
+	}
+
+	data_ = &deleteRateLimitResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
@@ -5185,6 +5762,7 @@ fragment RunFields on Run {
 	output
 	error
 	idempotencyKey
+	priority
 	createdAt
 	updatedAt
 	finishedAt
@@ -5674,6 +6252,86 @@ func publishWorkflowVersion(
 	return data_, err_
 }
 
+// The query executed by rateLimit.
+const rateLimit_Operation = `
+query rateLimit ($name: String!) {
+	rateLimit(name: $name) {
+		... RateLimitFields
+	}
+}
+fragment RateLimitFields on RateLimit {
+	name
+	perSecond
+	burst
+	description
+	createdAt
+	updatedAt
+}
+`
+
+func rateLimit(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	name string,
+) (data_ *rateLimitResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "rateLimit",
+		Query:  rateLimit_Operation,
+		Variables: &__rateLimitInput{
+			Name: name,
+		},
+	}
+
+	data_ = &rateLimitResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The query executed by rateLimits.
+const rateLimits_Operation = `
+query rateLimits {
+	rateLimits {
+		... RateLimitFields
+	}
+}
+fragment RateLimitFields on RateLimit {
+	name
+	perSecond
+	burst
+	description
+	createdAt
+	updatedAt
+}
+`
+
+func rateLimits(
+	ctx_ context.Context,
+	client_ graphql.Client,
+) (data_ *rateLimitsResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "rateLimits",
+		Query:  rateLimits_Operation,
+	}
+
+	data_ = &rateLimitsResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by resumeQueue.
 const resumeQueue_Operation = `
 mutation resumeQueue ($queue: String!) {
@@ -5936,6 +6594,7 @@ fragment RunFields on Run {
 	output
 	error
 	idempotencyKey
+	priority
 	createdAt
 	updatedAt
 	finishedAt
@@ -5974,6 +6633,48 @@ func startRun(
 	}
 
 	data_ = &startRunResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by updateRateLimit.
+const updateRateLimit_Operation = `
+mutation updateRateLimit ($input: RateLimitInput!) {
+	updateRateLimit(input: $input) {
+		... RateLimitFields
+	}
+}
+fragment RateLimitFields on RateLimit {
+	name
+	perSecond
+	burst
+	description
+	createdAt
+	updatedAt
+}
+`
+
+func updateRateLimit(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	input RateLimitInput,
+) (data_ *updateRateLimitResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "updateRateLimit",
+		Query:  updateRateLimit_Operation,
+		Variables: &__updateRateLimitInput{
+			Input: input,
+		},
+	}
+
+	data_ = &updateRateLimitResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
