@@ -1,0 +1,538 @@
+package dag
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/ext"
+)
+
+// An http node's url, query values and header values are templates:
+// literal text with {{ expression }} segments. A segment is CEL over the
+// run input and upstream outputs (input, nodes), evaluated when the task
+// is created, like the node's input; or over the tenant's secrets
+// (secrets.NAME) and nothing else, kept as it is until the platform's
+// HTTP executor evaluates it for the attempt it runs, so a secret's value
+// never enters the task, its timeline or its errors.
+//
+//	"url": "https://api.example.com/orders/{{ input.order_id }}",
+//	"query": {"since": "{{ nodes.last.output.body.cursor }}"},
+//	"headers": {"Authorization": "Bearer {{ secrets.API_TOKEN }}"}
+//
+// A segment's value is a string, number or boolean (null is empty, and
+// leaves a query parameter out). In the url, values are percent-escaped
+// for where they land — a path segment (so "a/b" stays one segment) or the
+// query — and segments may only appear after the host: the scheme, host
+// and port are literal.
+
+// Bounds of templates.
+const (
+	MaxQueryParams  = 64
+	MaxTemplateSize = 8 << 10
+)
+
+var secretNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// ValidSecretName reports whether s can name a secret (secrets.NAME).
+func ValidSecretName(s string) bool { return secretNamePattern.MatchString(s) }
+
+// Escaping of a rendered url segment.
+const (
+	EscapeNone  = ""
+	EscapePath  = "path"
+	EscapeQuery = "query"
+)
+
+// Part is one piece of a rendered value: literal text, or an expression
+// over secrets for the executor (EvalSecretPart) with the escaping it gets.
+type Part struct {
+	Text   string `json:"text,omitempty"`
+	Secret string `json:"secret,omitempty"`
+	Escape string `json:"escape,omitempty"`
+}
+
+// Value is a rendered value: Text when no part reads a secret, else Parts.
+type Value struct {
+	Text  string
+	Parts []Part
+}
+
+// Param is a rendered query parameter.
+type Param struct {
+	Name  string
+	Value Value
+}
+
+// Request is an http node's request as rendered for one task.
+type Request struct {
+	URL     Value
+	Query   []Param
+	Headers map[string]Value
+	// Secrets names the secrets the parts read, sorted.
+	Secrets []string
+}
+
+type segment struct {
+	text   string
+	prog   *program // over input and nodes
+	secret string   // source of an expression over secrets only
+	escape string
+}
+
+type template struct {
+	segments []segment
+	static   bool
+}
+
+// parseTemplate splits s into literal text and {{ }} segments, compiling
+// each. inURL marks the url, whose segments are escaped by position and
+// may not precede the path.
+func parseTemplate(s string, inURL bool) (*template, []string, error) {
+	if len(s) > MaxTemplateSize {
+		return nil, nil, fmt.Errorf("is longer than %d bytes", MaxTemplateSize)
+	}
+	t := &template{static: true}
+	var names []string
+	escape := EscapePath
+	rest := s
+	var literal strings.Builder
+	for {
+		i := strings.Index(rest, "{{")
+		if i < 0 {
+			if strings.Contains(rest, "}}") {
+				return nil, nil, errors.New(`has "}}" without "{{"`)
+			}
+			t.segments = append(t.segments, segment{text: rest})
+			literal.WriteString(rest)
+			break
+		}
+		text := rest[:i]
+		if strings.Contains(text, "}}") {
+			return nil, nil, errors.New(`has "}}" without "{{"`)
+		}
+		literal.WriteString(text)
+		if inURL {
+			if t.static && !pathStarted(literal.String()) {
+				return nil, nil, errors.New("may use {{ }} only in its path and query: the scheme, host and port are literal")
+			}
+			if strings.ContainsAny(literal.String(), "?#") {
+				escape = EscapeQuery
+			}
+		}
+		t.segments = append(t.segments, segment{text: text})
+		end := strings.Index(rest[i+2:], "}}")
+		if end < 0 {
+			return nil, nil, errors.New(`has "{{" without "}}"`)
+		}
+		src := strings.TrimSpace(rest[i+2 : i+2+end])
+		rest = rest[i+2+end+2:]
+		seg, reads, err := compileSegment(src)
+		if err != nil {
+			return nil, nil, fmt.Errorf("{{ %s }}: %w", src, err)
+		}
+		if inURL {
+			seg.escape = escape
+		}
+		t.segments = append(t.segments, seg)
+		t.static = false
+		names = append(names, reads...)
+	}
+	return t, names, nil
+}
+
+// pathStarted reports whether literal url text has reached its path or
+// query (past "scheme://host[:port]").
+func pathStarted(s string) bool {
+	_, after, ok := strings.Cut(s, "://")
+	return ok && strings.ContainsAny(after, "/?#")
+}
+
+var (
+	secretEnvOnce sync.Once
+	secretEnv     *cel.Env
+	secretEnvErr  error
+	templEnvOnce  sync.Once
+	templEnv      *cel.Env
+	templEnvErr   error
+)
+
+func celOptions() []cel.EnvOption {
+	return []cel.EnvOption{ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
+		cel.ParserExpressionSizeLimit(MaxExpressionBytes), cel.ParserRecursionLimit(64)}
+}
+
+// templateEnv checks segments: input, nodes and secrets.
+func templateEnv() (*cel.Env, error) {
+	templEnvOnce.Do(func() {
+		templEnv, templEnvErr = cel.NewEnv(append(celOptions(),
+			cel.Variable("input", cel.DynType),
+			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
+			cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType)))...)
+	})
+	return templEnv, templEnvErr
+}
+
+// secretsEnv evaluates segments over secrets: secrets alone.
+func secretsEnv() (*cel.Env, error) {
+	secretEnvOnce.Do(func() {
+		secretEnv, secretEnvErr = cel.NewEnv(append(celOptions(),
+			cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType)))...)
+	})
+	return secretEnv, secretEnvErr
+}
+
+func compileSegment(src string) (segment, []string, error) {
+	if src == "" {
+		return segment{}, nil, errors.New("expression is empty")
+	}
+	e, err := templateEnv()
+	if err != nil {
+		return segment{}, nil, err
+	}
+	checked, iss := e.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		return segment{}, nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+	}
+	idents, names, dynamic := secretRefs(checked.NativeRep())
+	if !idents["secrets"] {
+		p, err := compile(src, false)
+		if err != nil {
+			return segment{}, nil, err
+		}
+		return segment{prog: p}, nil, nil
+	}
+	switch {
+	case idents["input"] || idents["nodes"]:
+		return segment{}, nil, errors.New("reads secrets and input or nodes: an expression over secrets may read nothing else (use one {{ }} for each)")
+	case dynamic:
+		return segment{}, nil, errors.New(`reads secrets other than by name: write secrets.NAME or secrets["NAME"]`)
+	}
+	for _, n := range names {
+		if !ValidSecretName(n) {
+			return segment{}, nil, fmt.Errorf("secrets.%s: a secret name is 1-64 letters, digits and _, not starting with a digit", n)
+		}
+	}
+	if _, err := compileSecret(src); err != nil {
+		return segment{}, nil, err
+	}
+	return segment{secret: src}, names, nil
+}
+
+// secretRefs lists the variables an expression reads, the secret names it
+// reads as secrets.NAME or secrets["NAME"], and whether it uses secrets in
+// any other way.
+func secretRefs(a *ast.AST) (idents map[string]bool, names []string, dynamic bool) {
+	idents = map[string]bool{}
+	seen := map[string]bool{}
+	named := map[int64]bool{} // ident expressions used by name
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		switch e.Kind() {
+		case ast.IdentKind:
+			idents[e.AsIdent()] = true
+		case ast.SelectKind:
+			s := e.AsSelect()
+			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == "secrets" && !s.IsTestOnly() {
+				seen[s.FieldName()] = true
+				named[op.ID()] = true
+			}
+		case ast.CallKind:
+			c := e.AsCall()
+			if c.FunctionName() == "_[_]" && len(c.Args()) == 2 {
+				op, key := c.Args()[0], c.Args()[1]
+				if op.Kind() == ast.IdentKind && op.AsIdent() == "secrets" && key.Kind() == ast.LiteralKind {
+					if s, ok := key.AsLiteral().Value().(string); ok {
+						seen[s] = true
+						named[op.ID()] = true
+					}
+				}
+			}
+		}
+	}))
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		if e.Kind() == ast.IdentKind && e.AsIdent() == "secrets" && !named[e.ID()] {
+			dynamic = true
+		}
+	}))
+	return idents, slices.Sorted(maps.Keys(seen)), dynamic
+}
+
+var secretProgs sync.Map // source -> cel.Program; bounded by secretProgsMax
+
+const secretProgsMax = 4096
+
+var secretProgsLen struct {
+	sync.Mutex
+	n int
+}
+
+func compileSecret(src string) (cel.Program, error) {
+	if p, ok := secretProgs.Load(src); ok {
+		return p.(cel.Program), nil
+	}
+	e, err := secretsEnv()
+	if err != nil {
+		return nil, err
+	}
+	checked, iss := e.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		return nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+	}
+	prg, err := e.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
+	if err != nil {
+		return nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
+	}
+	secretProgsLen.Lock()
+	if secretProgsLen.n >= secretProgsMax {
+		secretProgs.Clear()
+		secretProgsLen.n = 0
+	}
+	secretProgsLen.n++
+	secretProgsLen.Unlock()
+	secretProgs.Store(src, prg)
+	return prg, nil
+}
+
+// EvalSecretPart evaluates an expression over secrets (a Part's Secret)
+// with the values given and escapes the result as the part says. Errors
+// never contain a value: only the expression and what kind of result it
+// gave.
+func EvalSecretPart(p Part, secrets map[string]string) (string, error) {
+	prg, err := compileSecret(p.Secret)
+	if err != nil {
+		return "", fmt.Errorf("{{ %s }}: %w", p.Secret, err)
+	}
+	v, _, err := prg.Eval(map[string]any{"secrets": secrets})
+	if err != nil {
+		// A CEL runtime error names keys and types, never map values.
+		return "", fmt.Errorf("{{ %s }}: %s", p.Secret, oneLine(err.Error()))
+	}
+	s, _, err := render(v)
+	if err != nil {
+		return "", fmt.Errorf("{{ %s }}: %w", p.Secret, err)
+	}
+	return escapeAs(s, p.Escape), nil
+}
+
+func escapeAs(s, how string) string {
+	switch how {
+	case EscapePath:
+		return url.PathEscape(s)
+	case EscapeQuery:
+		return url.QueryEscape(s)
+	}
+	return s
+}
+
+// render writes a segment's value as text; null is reported so a query
+// parameter can be left out.
+func render(v ref.Val) (string, bool, error) {
+	switch x := v.(type) {
+	case types.Null:
+		return "", true, nil
+	case types.String:
+		return string(x), false, nil
+	case types.Bool:
+		return strconv.FormatBool(bool(x)), false, nil
+	case types.Int:
+		return strconv.FormatInt(int64(x), 10), false, nil
+	case types.Uint:
+		return strconv.FormatUint(uint64(x), 10), false, nil
+	case types.Double:
+		return strconv.FormatFloat(float64(x), 'g', -1, 64), false, nil
+	case types.Timestamp:
+		return x.Time.UTC().Format(time.RFC3339Nano), false, nil
+	case types.Duration:
+		return x.Duration.String(), false, nil
+	}
+	switch x := v.Value().(type) {
+	case nil:
+		return "", true, nil
+	case string:
+		return x, false, nil
+	case bool:
+		return strconv.FormatBool(x), false, nil
+	case int64:
+		return strconv.FormatInt(x, 10), false, nil
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64), false, nil
+	}
+	return "", false, fmt.Errorf("evaluated to %s, not a string, number or boolean", v.Type().TypeName())
+}
+
+// eval renders the template over the scope: segments over input and nodes
+// become text, segments over secrets stay parts. null reports a template
+// that is one segment and nothing else, which evaluated to null.
+func (t *template) eval(act map[string]any) (v Value, null bool, err error) {
+	var parts []Part
+	var b strings.Builder
+	exprs, nulls, texts := 0, 0, 0
+	for _, s := range t.segments {
+		switch {
+		case s.prog != nil:
+			exprs++
+			v, err := s.prog.evalWith(act)
+			if err != nil {
+				return Value{}, false, err
+			}
+			txt, isNull, err := render(v)
+			if err != nil {
+				return Value{}, false, fmt.Errorf("{{ %s }}: %w", s.prog.source, err)
+			}
+			if isNull {
+				nulls++
+			}
+			b.WriteString(escapeAs(txt, s.escape))
+		case s.secret != "":
+			exprs++
+			if b.Len() > 0 {
+				parts = append(parts, Part{Text: b.String()})
+				b.Reset()
+			}
+			parts = append(parts, Part{Secret: s.secret, Escape: s.escape})
+		default:
+			texts += len(s.text)
+			b.WriteString(s.text)
+		}
+	}
+	null = exprs == 1 && nulls == 1 && texts == 0
+	if parts == nil {
+		return Value{Text: b.String()}, null, nil
+	}
+	if b.Len() > 0 {
+		parts = append(parts, Part{Text: b.String()})
+	}
+	return Value{Parts: parts}, false, nil
+}
+
+func (t *template) refs() []string {
+	var out []string
+	for _, s := range t.segments {
+		if s.prog != nil {
+			out = append(out, s.prog.refs...)
+		}
+	}
+	return out
+}
+
+// httpTemplates are an http node's compiled templates.
+type httpTemplates struct {
+	url     *template
+	query   map[string]*template
+	headers map[string]*template
+	secrets []string
+	static  bool
+}
+
+// compileHTTP compiles the node's url, query and header templates,
+// reporting problems against http.url, http.query.NAME, http.headers.NAME.
+func (n *Node) compileHTTP(ps *problems, check func(string, *program)) {
+	h := n.HTTP
+	ht := &httpTemplates{query: map[string]*template{}, headers: map[string]*template{}, static: true}
+	names := map[string]bool{}
+	add := func(field, src string, inURL bool) *template {
+		t, reads, err := parseTemplate(src, inURL)
+		if err != nil {
+			ps.add(n.ID, field, "%v", err)
+			return nil
+		}
+		for _, s := range t.segments {
+			if s.prog != nil {
+				check(field, s.prog)
+			}
+		}
+		for _, r := range reads {
+			names[r] = true
+		}
+		ht.static = ht.static && t.static
+		return t
+	}
+	ht.url = add("http.url", h.URL, true)
+	for _, k := range slices.Sorted(maps.Keys(h.Query)) {
+		ht.query[k] = add("http.query."+k, h.Query[k], false)
+	}
+	for _, k := range slices.Sorted(maps.Keys(h.Headers)) {
+		ht.headers[k] = add("http.headers."+k, h.Headers[k], false)
+	}
+	ht.secrets = slices.Sorted(maps.Keys(names))
+	h.templates = ht
+}
+
+// SecretNames lists the secrets an http node's templates read.
+func (n *Node) SecretNames() []string {
+	if n.HTTP == nil || n.HTTP.templates == nil {
+		return nil
+	}
+	return n.HTTP.templates.secrets
+}
+
+// EvalRequest renders an http node's url, query and headers over the
+// scope. Segments over secrets stay parts for the executor. Errors name the
+// field (http.url, http.query.NAME, http.headers.NAME).
+func (n *Node) EvalRequest(s Scope) (*Request, error) {
+	if n.HTTP == nil || n.HTTP.templates == nil {
+		return nil, nil
+	}
+	ht := n.HTTP.templates
+	var refs []string
+	if ht.url != nil {
+		refs = append(refs, ht.url.refs()...)
+	}
+	for _, t := range ht.query {
+		refs = append(refs, t.refs()...)
+	}
+	for _, t := range ht.headers {
+		refs = append(refs, t.refs()...)
+	}
+	var act map[string]any
+	if !ht.static {
+		var err error
+		if act, err = s.activation(refs); err != nil {
+			return nil, err
+		}
+	}
+	r := &Request{Headers: make(map[string]Value, len(ht.headers)), Secrets: ht.secrets}
+	v, _, err := ht.url.eval(act)
+	if err != nil {
+		return nil, fmt.Errorf("http.url: %w", err)
+	}
+	r.URL = v
+	for _, k := range slices.Sorted(maps.Keys(ht.query)) {
+		v, null, err := ht.query[k].eval(act)
+		if err != nil {
+			return nil, fmt.Errorf("http.query.%s: %w", k, err)
+		}
+		if !null {
+			r.Query = append(r.Query, Param{Name: k, Value: v})
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(ht.headers)) {
+		v, _, err := ht.headers[k].eval(act)
+		if err != nil {
+			return nil, fmt.Errorf("http.headers.%s: %w", k, err)
+		}
+		if strings.ContainsAny(v.Text, "\r\n\x00") {
+			return nil, fmt.Errorf("http.headers.%s: the value holds a line break or NUL", k)
+		}
+		r.Headers[k] = v
+	}
+	return r, nil
+}
+
+// Templated reports whether an http node's request depends on the run
+// (segments over input or nodes) or reads secrets, so each task renders
+// its own; otherwise every task sends the definition's request as it is.
+func (n *Node) Templated() bool {
+	return n.HTTP != nil && n.HTTP.templates != nil && !n.HTTP.templates.static
+}
