@@ -151,6 +151,9 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			if cfg, ok := p.def.config[a.NodeID]; ok {
 				config = cfg
 			}
+			if a.Request != nil {
+				config = nodeConfig(p.def.wf.Node(a.NodeID), a.Request)
+			}
 			if a.NodeID == p.eagerNode {
 				// Created already leased to the reporting worker: the
 				// state and lease columns the lease UPDATE would write.

@@ -176,7 +176,7 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	c = &compiled{wf: wf, config: map[string]json.RawMessage{}}
 	for _, n := range wf.Nodes {
 		if n.Type.RunsOnWorker() {
-			c.config[n.ID] = nodeConfig(n)
+			c.config[n.ID] = nodeConfig(n, nil)
 		}
 	}
 	d.mu.Lock()
@@ -191,10 +191,19 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	return c, nil
 }
 
-func nodeConfig(n *dag.Node) json.RawMessage {
+// nodeConfig is what a worker needs to run a task of n: its request as
+// rendered by the state machine for the task (req), or, for a node whose
+// request is not templated, the definition's.
+func nodeConfig(n *dag.Node, req *dag.Request) json.RawMessage {
 	cfg := taskapi.TaskConfig{TimeoutMS: n.Timeout.Std().Milliseconds()}
 	if h := n.HTTP; h != nil {
-		cfg.HTTP = &taskapi.HTTPSpec{Method: h.Method, URL: h.URL, Headers: h.Headers, Body: h.Body, TimeoutMS: h.Timeout.Std().Milliseconds()}
+		if req == nil {
+			var err error
+			if req, err = n.EvalRequest(dag.Scope{}); err != nil {
+				panic(fmt.Sprintf("engine: a request without templates failed to render: %v", err)) // literal text only
+			}
+		}
+		cfg.HTTP = httpSpec(h, req)
 	}
 	if t := n.Task; t != nil {
 		cfg.Task = &taskapi.TaskSpec{Handler: t.Handler}
@@ -204,6 +213,44 @@ func nodeConfig(n *dag.Node) json.RawMessage {
 		panic(fmt.Sprintf("engine: marshal node config: %v", err)) // plain data
 	}
 	return b
+}
+
+// httpSpec is the worker's form of an http node's rendered request.
+func httpSpec(h *dag.HTTPSpec, r *dag.Request) *taskapi.HTTPSpec {
+	spec := &taskapi.HTTPSpec{Method: h.Method, Body: h.Body, TimeoutMS: h.Timeout.Std().Milliseconds(), Secrets: r.Secrets}
+	if r.URL.Parts != nil {
+		spec.URLParts = parts(r.URL.Parts)
+	} else {
+		spec.URL = r.URL.Text
+	}
+	for _, q := range r.Query {
+		spec.Query = append(spec.Query, taskapi.Param{Name: q.Name, Value: q.Value.Text, Parts: parts(q.Value.Parts)})
+	}
+	for k, v := range r.Headers {
+		if v.Parts != nil {
+			if spec.SecretHeaders == nil {
+				spec.SecretHeaders = map[string][]taskapi.Part{}
+			}
+			spec.SecretHeaders[k] = parts(v.Parts)
+			continue
+		}
+		if spec.Headers == nil {
+			spec.Headers = map[string]string{}
+		}
+		spec.Headers[k] = v.Text
+	}
+	return spec
+}
+
+func parts(ps []dag.Part) []taskapi.Part {
+	if ps == nil {
+		return nil
+	}
+	out := make([]taskapi.Part, len(ps))
+	for i, p := range ps {
+		out[i] = taskapi.Part{Text: p.Text, Secret: p.Secret, Escape: p.Escape}
+	}
+	return out
 }
 
 // MaskedValue replaces what MaskHeaders hides.

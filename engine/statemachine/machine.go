@@ -364,6 +364,16 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		return
 	}
 	base.Input = in
+	if n.Templated() {
+		// The url, query and headers over input and upstream outputs; what
+		// reads secrets stays an expression for the executor.
+		req, err := n.EvalRequest(s)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
+		base.Request = req
+	}
 
 	switch n.Type {
 	case dag.TypeSleep:
