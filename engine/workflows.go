@@ -175,7 +175,8 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	}
 	c = &compiled{wf: wf, config: map[string]json.RawMessage{}}
 	for _, n := range wf.Nodes {
-		if n.Type.RunsOnWorker() {
+		// A templated request is rendered for each task (CreateTask.Request).
+		if n.Type.RunsOnWorker() && !n.Templated() {
 			c.config[n.ID] = nodeConfig(n, nil)
 		}
 	}
