@@ -23,6 +23,10 @@ func TestRoleBoundaries(t *testing.T) {
 		"tenants/tenants.go": true, "tenants/limits.go": true, "internal/app/dev.go": true,
 		// claims due schedules across tenants; each fire runs in its tenant's own transactions
 		"schedules/firer.go": true,
+		// the task server opening a leased task's sealed secrets (the app
+		// role cannot read them) for the platform worker holding the lease,
+		// fenced by tenant, run, task, attempt and owner in the one query
+		"secrets/lease.go": true,
 	}
 	unscoped := map[string]bool{"auth/authenticate.go": true}
 	// One transaction over several tenants' statements: the platform's lease
