@@ -112,15 +112,21 @@ func checkValue(v string) error {
 	return nil
 }
 
-// Create adds a secret at version 1. A name already taken is CONFLICT.
-func (s Service) Create(ctx context.Context, tx *pg.Tx, name, value, by string) (Secret, error) {
+// checkSet refuses a set this server cannot seal, or of a bad name or
+// value.
+func (s Service) checkSet(name, value string) error {
 	if err := s.keys(); err != nil {
-		return Secret{}, err
+		return err
 	}
 	if err := checkName(name); err != nil {
-		return Secret{}, err
+		return err
 	}
-	if err := checkValue(value); err != nil {
+	return checkValue(value)
+}
+
+// Create adds a secret at version 1. A name already taken is CONFLICT.
+func (s Service) Create(ctx context.Context, tx *pg.Tx, name, value, by string) (Secret, error) {
+	if err := s.checkSet(name, value); err != nil {
 		return Secret{}, err
 	}
 	// Serialise creates per tenant so the count holds (the count is a
@@ -155,13 +161,7 @@ func (s Service) Create(ctx context.Context, tx *pg.Tx, name, value, by string) 
 // Update sets a new version of an existing secret (NOT_FOUND otherwise);
 // steps executing from then on read it.
 func (s Service) Update(ctx context.Context, tx *pg.Tx, name, value, by string) (Secret, error) {
-	if err := s.keys(); err != nil {
-		return Secret{}, err
-	}
-	if err := checkName(name); err != nil {
-		return Secret{}, err
-	}
-	if err := checkValue(value); err != nil {
+	if err := s.checkSet(name, value); err != nil {
 		return Secret{}, err
 	}
 	var id uuid.UUID

@@ -35,26 +35,20 @@ const MaxValueBytes = 1 << 20
 // than MaxValueBytes.
 var ErrValueTooLarge = errors.New("value too large")
 
-var (
-	envOnce sync.Once
-	celEnv  *cel.Env
-	envErr  error
-)
-
 // env is the CEL environment of every expression: `input` is the run input
 // and `nodes.<id>` holds {"status": ..., "output": ...} of finished nodes.
 // The standard extensions for strings, encoders, math and lists are on.
-func env() (*cel.Env, error) {
-	envOnce.Do(func() {
-		celEnv, envErr = cel.NewEnv(
-			cel.Variable("input", cel.DynType),
-			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
-			ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
-			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
-			cel.ParserRecursionLimit(64),
-		)
-	})
-	return celEnv, envErr
+var env = sync.OnceValues(func() (*cel.Env, error) { return newEnv(inputVar, nodesVar) })
+
+var (
+	inputVar   = cel.Variable("input", cel.DynType)
+	nodesVar   = cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType))
+	secretsVar = cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType))
+)
+
+// newEnv is an environment of the given variables with celOptions.
+func newEnv(vars ...cel.EnvOption) (*cel.Env, error) {
+	return cel.NewEnv(append(celOptions(), vars...)...)
 }
 
 type program struct {
@@ -73,9 +67,9 @@ func compile(src string, wantBool bool) (*program, error) {
 	if strings.TrimSpace(src) == "" {
 		return nil, errors.New("expression is empty")
 	}
-	checked, iss := e.Compile(src)
-	if iss != nil && iss.Err() != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+	checked, prg, err := plan(e, src)
+	if err != nil {
+		return nil, err
 	}
 	if wantBool {
 		out := checked.OutputType()
@@ -83,46 +77,62 @@ func compile(src string, wantBool bool) (*program, error) {
 			return nil, fmt.Errorf("must be a boolean expression, not %s", out)
 		}
 	}
+	refs, _ := namedRefs(checked.NativeRep(), "nodes")
+	return &program{source: src, prg: prg, refs: refs}, nil
+}
+
+// celOptions are every environment's: the standard extensions for
+// strings, encoders, math and lists, and the parser's bounds.
+func celOptions() []cel.EnvOption {
+	return []cel.EnvOption{ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
+		cel.ParserExpressionSizeLimit(MaxExpressionBytes), cel.ParserRecursionLimit(64)}
+}
+
+// plan checks src in e and plans it under the cost limit.
+func plan(e *cel.Env, src string) (*cel.Ast, cel.Program, error) {
+	checked, iss := e.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+	}
 	prg, err := e.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
 	if err != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
+		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
 	}
-	return &program{source: src, prg: prg, refs: nodeRefs(checked.NativeRep())}, nil
+	return checked, prg, nil
 }
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }
 
-// nodeRefs lists the node ids an expression reads as nodes.<id> or
-// nodes["<id>"].
-func nodeRefs(a *ast.AST) []string {
+// namedRefs lists the keys an expression reads of a map variable by name
+// (variable.<key> or variable["<key>"]), and the ids of the variable's
+// identifier expressions so used.
+func namedRefs(a *ast.AST, variable string) ([]string, map[int64]bool) {
 	seen := map[string]bool{}
+	operands := map[int64]bool{}
 	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
 		switch e.Kind() {
 		case ast.SelectKind:
 			s := e.AsSelect()
-			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == "nodes" {
+			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == variable {
 				seen[s.FieldName()] = true
+				operands[op.ID()] = true
 			}
 		case ast.CallKind:
 			c := e.AsCall()
 			if c.FunctionName() == "_[_]" && len(c.Args()) == 2 {
 				op, key := c.Args()[0], c.Args()[1]
-				if op.Kind() == ast.IdentKind && op.AsIdent() == "nodes" && key.Kind() == ast.LiteralKind {
+				if op.Kind() == ast.IdentKind && op.AsIdent() == variable && key.Kind() == ast.LiteralKind {
 					if s, ok := key.AsLiteral().Value().(string); ok {
 						seen[s] = true
+						operands[op.ID()] = true
 					}
 				}
 			}
 		}
 	}))
-	out := make([]string, 0, len(seen))
-	for k := range seen {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(seen)), operands
 }
 
 // NodeResult is what expressions see of a finished upstream node.

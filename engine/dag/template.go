@@ -16,7 +16,6 @@ import (
 	"cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
-	"cel.dev/cel-go/ext"
 )
 
 // An http node's url, query values and header values are templates:
@@ -160,38 +159,11 @@ func pathStarted(s string) bool {
 }
 
 var (
-	secretEnvOnce sync.Once
-	secretEnv     *cel.Env
-	secretEnvErr  error
-	templEnvOnce  sync.Once
-	templEnv      *cel.Env
-	templEnvErr   error
+	// templateEnv checks segments: input, nodes and secrets.
+	templateEnv = sync.OnceValues(func() (*cel.Env, error) { return newEnv(inputVar, nodesVar, secretsVar) })
+	// secretsEnv evaluates segments over secrets: secrets alone.
+	secretsEnv = sync.OnceValues(func() (*cel.Env, error) { return newEnv(secretsVar) })
 )
-
-func celOptions() []cel.EnvOption {
-	return []cel.EnvOption{ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
-		cel.ParserExpressionSizeLimit(MaxExpressionBytes), cel.ParserRecursionLimit(64)}
-}
-
-// templateEnv checks segments: input, nodes and secrets.
-func templateEnv() (*cel.Env, error) {
-	templEnvOnce.Do(func() {
-		templEnv, templEnvErr = cel.NewEnv(append(celOptions(),
-			cel.Variable("input", cel.DynType),
-			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
-			cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType)))...)
-	})
-	return templEnv, templEnvErr
-}
-
-// secretsEnv evaluates segments over secrets: secrets alone.
-func secretsEnv() (*cel.Env, error) {
-	secretEnvOnce.Do(func() {
-		secretEnv, secretEnvErr = cel.NewEnv(append(celOptions(),
-			cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType)))...)
-	})
-	return secretEnv, secretEnvErr
-}
 
 func compileSegment(src string) (segment, []string, error) {
 	if src == "" {
@@ -234,38 +206,15 @@ func compileSegment(src string) (segment, []string, error) {
 // reads as secrets.NAME or secrets["NAME"], and whether it uses secrets in
 // any other way.
 func secretRefs(a *ast.AST) (idents map[string]bool, names []string, dynamic bool) {
+	names, byName := namedRefs(a, "secrets")
 	idents = map[string]bool{}
-	seen := map[string]bool{}
-	named := map[int64]bool{} // ident expressions used by name
 	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
-		switch e.Kind() {
-		case ast.IdentKind:
+		if e.Kind() == ast.IdentKind {
 			idents[e.AsIdent()] = true
-		case ast.SelectKind:
-			s := e.AsSelect()
-			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == "secrets" && !s.IsTestOnly() {
-				seen[s.FieldName()] = true
-				named[op.ID()] = true
-			}
-		case ast.CallKind:
-			c := e.AsCall()
-			if c.FunctionName() == "_[_]" && len(c.Args()) == 2 {
-				op, key := c.Args()[0], c.Args()[1]
-				if op.Kind() == ast.IdentKind && op.AsIdent() == "secrets" && key.Kind() == ast.LiteralKind {
-					if s, ok := key.AsLiteral().Value().(string); ok {
-						seen[s] = true
-						named[op.ID()] = true
-					}
-				}
-			}
+			dynamic = dynamic || (e.AsIdent() == "secrets" && !byName[e.ID()])
 		}
 	}))
-	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
-		if e.Kind() == ast.IdentKind && e.AsIdent() == "secrets" && !named[e.ID()] {
-			dynamic = true
-		}
-	}))
-	return idents, slices.Sorted(maps.Keys(seen)), dynamic
+	return idents, names, dynamic
 }
 
 var secretProgs sync.Map // source -> cel.Program; bounded by secretProgsMax
@@ -285,13 +234,9 @@ func compileSecret(src string) (cel.Program, error) {
 	if err != nil {
 		return nil, err
 	}
-	checked, iss := e.Compile(src)
-	if iss != nil && iss.Err() != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
-	}
-	prg, err := e.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
+	_, prg, err := plan(e, src)
 	if err != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
+		return nil, err
 	}
 	secretProgsLen.Lock()
 	if secretProgsLen.n >= secretProgsMax {
