@@ -36,10 +36,14 @@ import (
 // query — and segments may only appear after the host: the scheme, host
 // and port are literal.
 
-// Bounds of templates.
+// Bounds of templates and of what they render (input can be large).
 const (
 	MaxQueryParams  = 64
 	MaxTemplateSize = 8 << 10
+	// MaxRenderedValue bounds a rendered url, query value or header value.
+	MaxRenderedValue = 16 << 10
+	// MaxRenderedRequest bounds everything one request renders.
+	MaxRenderedRequest = 64 << 10
 )
 
 var secretNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
@@ -448,24 +452,40 @@ func (n *Node) EvalRequest(s Scope) (*Request, error) {
 		}
 	}
 	r := &Request{Headers: make(map[string]Value, len(ht.headers)), Secrets: ht.secrets}
-	v, _, err := ht.url.eval(act)
+	total := 0
+	render := func(field string, t *template) (Value, bool, error) {
+		v, null, err := t.eval(act)
+		if err != nil {
+			return Value{}, false, fmt.Errorf("%s: %w", field, err)
+		}
+		n := len(v.Text)
+		for _, p := range v.Parts {
+			n += len(p.Text) + len(p.Secret)
+		}
+		if total += n; n > MaxRenderedValue || total > MaxRenderedRequest {
+			return Value{}, false, fmt.Errorf("%s: %w: a value may render %d bytes, a request %d", field, ErrValueTooLarge,
+				MaxRenderedValue, MaxRenderedRequest)
+		}
+		return v, null, nil
+	}
+	v, _, err := render("http.url", ht.url)
 	if err != nil {
-		return nil, fmt.Errorf("http.url: %w", err)
+		return nil, err
 	}
 	r.URL = v
 	for _, k := range slices.Sorted(maps.Keys(ht.query)) {
-		v, null, err := ht.query[k].eval(act)
+		v, null, err := render("http.query."+k, ht.query[k])
 		if err != nil {
-			return nil, fmt.Errorf("http.query.%s: %w", k, err)
+			return nil, err
 		}
 		if !null {
 			r.Query = append(r.Query, Param{Name: k, Value: v})
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(ht.headers)) {
-		v, _, err := ht.headers[k].eval(act)
+		v, _, err := render("http.headers."+k, ht.headers[k])
 		if err != nil {
-			return nil, fmt.Errorf("http.headers.%s: %w", k, err)
+			return nil, err
 		}
 		if strings.ContainsAny(v.Text, "\r\n\x00") {
 			return nil, fmt.Errorf("http.headers.%s: the value holds a line break or NUL", k)

@@ -356,11 +356,7 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 	}
 	in, err := n.EvalInput(s)
 	if err != nil {
-		code := CodeExpression
-		if errors.Is(err, dag.ErrValueTooLarge) {
-			code = CodeValueTooLarge
-		}
-		m.createFailed(base, t, Error{Code: code, Message: err.Error()})
+		m.createFailed(base, t, evalError(err))
 		return
 	}
 	base.Input = in
@@ -369,7 +365,7 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		// reads secrets stays an expression for the executor.
 		req, err := n.EvalRequest(s)
 		if err != nil {
-			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			m.createFailed(base, t, evalError(err))
 			return
 		}
 		base.Request = req
@@ -415,6 +411,16 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		m.emit(Dispatch{NodeID: n.ID, Attempt: 1, NotBefore: m.now})
 		m.scheduleToStart(n, 1, m.now)
 	}
+}
+
+// evalError is the error of a node whose input or request could not be
+// evaluated.
+func evalError(err error) Error {
+	code := CodeExpression
+	if errors.Is(err, dag.ErrValueTooLarge) {
+		code = CodeValueTooLarge
+	}
+	return Error{Code: code, Message: err.Error()}
 }
 
 func (m *machine) scheduleToStart(n *dag.Node, attempt int, dispatchedAt time.Time) {

@@ -2,6 +2,7 @@ package statemachine
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,6 +329,43 @@ func TestExpressionErrorFailsTheNodeClearly(t *testing.T) {
 	assert.Equal(t, TaskFailed, ct.State)
 	assert.Equal(t, CodeExpression, ct.Error.Code)
 	assert.Contains(t, ct.Error.Message, "input.x")
+}
+
+func TestTemplatedRequestsAreRenderedPerTask(t *testing.T) {
+	wf := dag.MustParse(`{"nodes":[
+		{"id":"a","type":"noop"},
+		{"id":"b","type":"http","depends_on":["a"],"http":{"url":"https://x.example/o/{{ nodes.a.output.id }}",
+		 "headers":{"Authorization":"Bearer {{ secrets.T }}"}}},
+		{"id":"c","type":"http","depends_on":["a"],"http":{"url":"https://x.example/{{ input.big }}"}},
+		{"id":"d","type":"http","http":{"url":"https://x.example/static"}}]}`)
+	s := newSim(t, wf, `{"big": "`+strings.Repeat("x", dag.MaxRenderedValue)+`"}`)
+	tr := s.step(RunStarted{})
+	for _, a := range tr.Actions {
+		if ct, ok := a.(CreateTask); ok && ct.NodeID == "d" {
+			assert.Nil(t, ct.Request, "an untemplated request is the definition's")
+		}
+	}
+	tr = s.complete("a", `{"id": "o 1"}`)
+	var b, c *CreateTask
+	for _, a := range tr.Actions {
+		if ct, ok := a.(CreateTask); ok {
+			switch ct.NodeID {
+			case "b":
+				b = &ct
+			case "c":
+				c = &ct
+			}
+		}
+	}
+	require.NotNil(t, b)
+	require.NotNil(t, b.Request)
+	assert.Equal(t, "https://x.example/o/o%201", b.Request.URL.Text)
+	assert.Equal(t, []dag.Part{{Text: "Bearer "}, {Secret: "secrets.T"}}, b.Request.Headers["Authorization"].Parts, "secrets stay for the executor")
+	assert.Equal(t, []string{"T"}, b.Request.Secrets)
+	require.NotNil(t, c)
+	assert.Equal(t, TaskFailed, c.State, "a url rendered larger than the bound fails its node")
+	assert.Equal(t, CodeValueTooLarge, c.Error.Code)
+	assert.Contains(t, c.Error.Message, "http.url")
 }
 
 func TestRerunResetsUnfinishedNodesAndKeepsOutputs(t *testing.T) {
