@@ -117,7 +117,9 @@ func TestSecretsNeverReachFailures(t *testing.T) {
 	// repeating it.
 	task := secretTask(&taskapi.HTTPSpec{Method: "GET", URL: srv.URL, Secrets: []string{"TOKEN"},
 		SecretHeaders: map[string][]taskapi.Part{"A": {{Secret: "secrets.TOKEN"}}}}, `{}`)
-	task.Secrets = func(context.Context) (map[string]string, error) { return map[string]string{"TOKEN": "x\r\nEvil: sk_live_1"}, nil }
+	task.Secrets = func(context.Context) (map[string]string, error) {
+		return map[string]string{"TOKEN": "x\r\nEvil: sk_live_1"}, nil
+	}
 	_, err = loopback(t).Execute(context.Background(), task)
 	require.ErrorAs(t, err, &f)
 	assert.Equal(t, "bad_template", f.Code)
