@@ -17,6 +17,7 @@ import (
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/sdk/client"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -131,4 +132,85 @@ func TestAcceptedEventsSurviveASIGKILLedServer(t *testing.T) {
 	events = count(`SELECT count(*) FROM events WHERE tenant_id = $1`, sys.Tenant)
 	assert.Equal(t, len(sent)+1, events, "every id sent is recorded once")
 	assert.Equal(t, 2*events, count(`SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, sys.Tenant), "and started its two runs once")
+}
+
+// TestEventsResumeAndCancelRunsOfARealServer: a program holding an API key
+// starts three runs of a real `composer server` that wait for their
+// order's payment (and are cancelled by their order's cancellation),
+// then publishes events with the SDK and over plain HTTP: the paid run
+// completes with the event, the cancelled one is cancelled, the third
+// still waits, and each event lists what it did.
+func TestEventsResumeAndCancelRunsOfARealServer(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	sys := apptest.StartWith(t, env)
+	ctx := context.Background()
+	bin := apptest.Binary(t)
+	addr := freeAddr(t)
+	server := &proc{name: "server", args: []string{"server"}, env: append(sys.ProcessEnv(), "COMPOSER_HTTP_ADDR="+addr)}
+	server.start(t, bin)
+	defer server.kill()
+	base := "http://" + addr
+	key := sys.APIKey(auth.ScopeAdmin)
+	c, err := client.New(base, key)
+	require.NoError(t, err)
+	apptest.Eventually(t, "the server to answer", 30*time.Second, func() bool {
+		_, err := c.Workers(ctx)
+		return err == nil
+	})
+	_, _, err = c.CreateWorkflow(ctx, "fulfil", json.RawMessage(`{
+		"cancel_on": [{"event": "order.cancelled", "match": "event.payload.order == input.order"}],
+		"output": {"paid": "nodes.paid.output.payload.amount"},
+		"nodes": [{"id": "paid", "type": "wait", "wait": {"event": "order.paid", "match": "event.payload.order == input.order", "timeout": "1h"}}]}`))
+	require.NoError(t, err)
+	runs := map[string]string{}
+	for _, order := range []string{"o-1", "o-2", "o-3"} {
+		r, _, err := c.StartRun(ctx, client.Start{Workflow: "fulfil", Input: map[string]any{"order": order}})
+		require.NoError(t, err)
+		runs[order] = r.ID
+	}
+
+	ev, created, err := c.PublishEvent(ctx, "order.paid", map[string]any{"order": "o-1", "amount": 42}, "paid-o-1")
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Len(t, ev.Runs, 1)
+	assert.Equal(t, client.EventRunOutcomeResumed, ev.Runs[0].Outcome)
+	assert.Equal(t, runs["o-1"], *ev.Runs[0].RunId)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	done, err := c.WaitRun(wctx, runs["o-1"])
+	require.NoError(t, err)
+	assert.Equal(t, "COMPLETED", done.Status)
+	assert.JSONEq(t, `{"paid": 42}`, string(done.Output))
+
+	// Over plain HTTP, as a system that cannot speak GraphQL.
+	body, _ := json.Marshal(map[string]any{"id": "cancel-o-2", "name": "order.cancelled", "payload": map[string]any{"order": "o-2"}})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/events", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil}}).Do(req)
+	require.NoError(t, err)
+	var answer struct {
+		Event struct {
+			Runs []struct {
+				Outcome string
+				RunID   string `json:"run_id"`
+			}
+		}
+	}
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	resp.Body.Close()
+	require.Len(t, answer.Event.Runs, 1)
+	assert.Equal(t, "cancelled", answer.Event.Runs[0].Outcome)
+	assert.Equal(t, runs["o-2"], answer.Event.Runs[0].RunID)
+	cancelled, err := c.GetRun(ctx, runs["o-2"])
+	require.NoError(t, err)
+	assert.Equal(t, "CANCELLED", cancelled.Status)
+
+	waiting, err := c.GetRun(ctx, runs["o-3"])
+	require.NoError(t, err)
+	assert.Equal(t, "RUNNING", waiting.Status, "no event named its order")
+	got, err := c.GetEvent(ctx, ev.Id)
+	require.NoError(t, err)
+	assert.Equal(t, ev.Runs, got.Runs, "the event lists the run it resumed")
 }

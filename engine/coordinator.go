@@ -96,8 +96,10 @@ type TxTransition struct {
 // WaitStarted is a wait node that began waiting for its signal (or
 // approval), with its deadline when it has one.
 type WaitStarted struct {
-	Node      string
-	Signal    string
+	Node   string
+	Signal string
+	// Event is the event an event wait waits for (Signal is then "").
+	Event     string
 	Approval  bool
 	TimeoutAt *time.Time
 }
@@ -822,59 +824,69 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 		if err := gate(ctx, tx); err != nil {
 			return err
 		}
-		row, run, err := loadRun(ctx, tx, runID)
-		if err != nil {
-			return err
-		}
-		def, err := c.defs.load(ctx, tx, row.workflowID, row.version)
-		if err != nil {
-			return err
-		}
-		if def.wf.HasWaits() {
-			if run.Signals, err = loadSignals(ctx, tx, runID); err != nil {
-				return err
-			}
-		}
-		ev, err := prepare(ctx, tx, run)
-		var ig ignoredError
-		if errors.As(err, &ig) {
-			ack = Ack{Ignored: true, Reason: ig.reason, Status: run.Status}
-			if ref.commitIgnored {
-				return nil
-			}
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		tr := sm.Decide(def.wf, run, ev, row.now)
-		if tr.Ignored {
-			ack = Ack{Ignored: true, Reason: tr.Reason, Status: tr.Status}
-			if ref.commitIgnored {
-				return nil
-			}
-			return ignoredError{tr.Reason}
-		}
-		p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx)}
-		for id, t := range run.Tasks {
-			p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
-		}
-		if err := p.persist(ctx, ev, tr, ref); err != nil {
-			if errors.As(err, &ig) {
-				ack = Ack{Ignored: true, Reason: ig.reason, Status: run.Status}
-			}
-			return err
-		}
-		ack = Ack{Status: tr.Status, Next: p.next}
-		c.afterCommit(ctx, tx, runID, ev, tr, p, ref)
-		return nil
+		var err error
+		ack, err = c.applyIn(ctx, tx, runID, ref, prepare, false)
+		return err
 	})
 	var ig ignoredError
 	if errors.As(err, &ig) {
 		return ack, nil
 	}
 	return ack, err
+}
+
+// applyIn is apply's work inside tx. An ignored event returns an
+// ignoredError (with the Ack saying why) unless ref.commitIgnored. It
+// commits tx with the transition's batch unless open is set (an event's
+// publish delivers to several runs in its one transaction).
+func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, ref eventRef,
+	prepare func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error), open bool) (Ack, error) {
+	row, run, err := loadRun(ctx, tx, runID)
+	if err != nil {
+		return Ack{}, err
+	}
+	def, err := c.defs.load(ctx, tx, row.workflowID, row.version)
+	if err != nil {
+		return Ack{}, err
+	}
+	if def.wf.HasWaits() {
+		if run.Signals, err = loadSignals(ctx, tx, runID); err != nil {
+			return Ack{}, err
+		}
+	}
+	ev, err := prepare(ctx, tx, run)
+	var ig ignoredError
+	if errors.As(err, &ig) {
+		ack := Ack{Ignored: true, Reason: ig.reason, Status: run.Status}
+		if ref.commitIgnored {
+			return ack, nil
+		}
+		return ack, err
+	}
+	if err != nil {
+		return Ack{}, err
+	}
+	tr := sm.Decide(def.wf, run, ev, row.now)
+	if tr.Ignored {
+		ack := Ack{Ignored: true, Reason: tr.Reason, Status: tr.Status}
+		if ref.commitIgnored {
+			return ack, nil
+		}
+		return ack, ignoredError{tr.Reason}
+	}
+	p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
+		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open}
+	for id, t := range run.Tasks {
+		p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
+	}
+	if err := p.persist(ctx, ev, tr, ref); err != nil {
+		if errors.As(err, &ig) {
+			return Ack{Ignored: true, Reason: ig.reason, Status: run.Status}, err
+		}
+		return Ack{}, err
+	}
+	c.afterCommit(ctx, tx, runID, ev, tr, p, ref)
+	return Ack{Status: tr.Status, Next: p.next}, nil
 }
 
 type runRow struct {

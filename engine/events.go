@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/composer-dev/composer/engine/dag"
+	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/jsoncheck"
 	"github.com/composer-dev/composer/internal/pg"
@@ -37,12 +38,23 @@ type PublishEvent struct {
 
 // Event outcomes for one matching workflow.
 const (
-	EventRunStarted = "started"
-	EventRunRefused = "refused"
+	EventRunStarted   = "started"
+	EventRunRefused   = "refused"
+	EventRunResumed   = "resumed"   // an event wait of the run matched it
+	EventRunCancelled = "cancelled" // a cancel_on entry of the run matched it
 )
 
-// EventRun is what an event did to one workflow a trigger of which
-// matched it: the run it started, or why the start was refused.
+// MaxEventDeliveries bounds the running runs one event resumes or cancels
+// (the oldest first); MaxEventKeyExprs the distinct keyed matches of waits
+// for one event name a publish evaluates.
+const (
+	MaxEventDeliveries = 1000
+	MaxEventKeyExprs   = 100
+)
+
+// EventRun is what an event did: to one workflow a trigger of which
+// matched it, the run it started or why the start was refused; to a
+// running run, that it resumed an event wait or cancelled it.
 type EventRun struct {
 	WorkflowID   uuid.UUID
 	RunID        uuid.UUID // uuid.Nil when refused
@@ -70,9 +82,10 @@ type Published struct {
 	Created bool
 }
 
-// PublishEvent records an event and starts every workflow of the tenant a
-// trigger of which matches it, all in one transaction: either the event is
-// recorded with every start it made (and every refusal), or nothing is.
+// PublishEvent records an event, resumes the event waits and applies the
+// cancel_on entries of running runs it matches, and starts every workflow
+// of the tenant a trigger of which matches it, all in one transaction:
+// either the event is recorded with everything it did, or nothing is.
 //
 // Each start is the coordinator's own (startIn) with admission, under an
 // idempotency key derived from the event and the workflow, inside a
@@ -114,10 +127,16 @@ func (c *Coordinator) PublishEvent(ctx context.Context, tenant uuid.UUID, req Pu
 			return fmt.Errorf("insert event: %w", err)
 		}
 		out = Published{Event: Event{Key: key, ID: req.ID, Name: req.Name, Payload: payload, ReceivedAt: received}, Created: true}
+		// Waiting runs first: a run this event starts does not see it.
+		delivered, err := c.deliverEvent(ctx, tx, dag.EventData{ID: req.ID, Name: req.Name, Payload: payload})
+		if err != nil {
+			return err
+		}
 		runs, err := c.fireTriggers(ctx, tx, req, payload)
 		if err != nil {
 			return err
 		}
+		runs = append(runs, delivered...)
 		for _, r := range runs {
 			var run *uuid.UUID
 			if r.RunID != uuid.Nil {
@@ -253,6 +272,94 @@ func (c *Coordinator) fireTriggers(ctx context.Context, tx *pg.Tx, req PublishEv
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+type eventWaiter struct {
+	run, workflow uuid.UUID
+}
+
+// deliverEvent applies the event to every running run registered in the
+// index of waits as waiting for it (the oldest MaxEventDeliveries): the
+// distinct key expressions of waits on its name are evaluated over it
+// once each and the waits holding the values they give are read, with
+// the unkeyed waits on the name. Each delivery is the run's own
+// transition (its lock, the state machine deciding whether the match
+// holds) in a savepoint of tx; runs are taken in id order, so concurrent
+// publishes lock them in one order.
+func (c *Coordinator) deliverEvent(ctx context.Context, tx *pg.Tx, ev dag.EventData) ([]EventRun, error) {
+	rows, err := tx.Query(ctx, qEventWaitKeyExprs, tx.Tenant, ev.Name, MaxEventKeyExprs)
+	if err != nil {
+		return nil, fmt.Errorf("read event waits: %w", err)
+	}
+	exprs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read event waits: %w", err)
+	}
+	if len(exprs) == 0 {
+		return nil, nil
+	}
+	var keyExprs, keys []string
+	for _, e := range exprs {
+		if e == "" {
+			continue
+		}
+		if k, err := dag.EventKeyValue(e, ev); err == nil {
+			keyExprs, keys = append(keyExprs, e), append(keys, k)
+		}
+	}
+	rows, err = tx.Query(ctx, qEventWaiters, tx.Tenant, ev.Name, keyExprs, keys, MaxEventDeliveries)
+	if err != nil {
+		return nil, fmt.Errorf("read event waits: %w", err)
+	}
+	var waiters []eventWaiter
+	var w eventWaiter
+	if _, err := pgx.ForEachRow(rows, []any{&w.run, &w.workflow}, func() error {
+		waiters = append(waiters, w)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read event waits: %w", err)
+	}
+	var out []EventRun
+	for _, w := range waiters {
+		r, ok, err := c.deliverTo(ctx, tx, w.run, ev)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			r.WorkflowID = w.workflow
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// deliverTo applies the event to one run in a savepoint; ok is false when
+// the run ignored it (nothing of it matched).
+func (c *Coordinator) deliverTo(ctx context.Context, tx *pg.Tx, run uuid.UUID, ev dag.EventData) (EventRun, bool, error) {
+	if _, err := tx.Exec(ctx, "SAVEPOINT event_delivery"); err != nil {
+		return EventRun{}, false, fmt.Errorf("savepoint: %w", err)
+	}
+	ack, err := c.applyIn(ctx, tx, run, eventRef{}, func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) {
+		return sm.EventReceived{Event: ev}, nil
+	}, true)
+	if err != nil {
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT event_delivery"); rerr != nil {
+			return EventRun{}, false, fmt.Errorf("rollback to savepoint: %w", rerr)
+		}
+		var ig ignoredError
+		if errors.As(err, &ig) || errs.KindOf(err) == errs.NotFound {
+			return EventRun{}, false, nil
+		}
+		return EventRun{}, false, err
+	}
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT event_delivery"); err != nil {
+		return EventRun{}, false, fmt.Errorf("release savepoint: %w", err)
+	}
+	outcome := EventRunResumed
+	if ack.Status == sm.RunCancelled {
+		outcome = EventRunCancelled
+	}
+	return EventRun{RunID: run, Outcome: outcome}, true, nil
 }
 
 // startForEvent runs one start in a savepoint: a refusal (an error of a
@@ -465,7 +572,7 @@ const (
 			WHERE tenant_id = $1 AND event_id = $2`
 	qEventByKey = `SELECT id, event_id, name, payload, received_at FROM events WHERE tenant_id = $1 AND id = $2`
 	qEventRuns  = `SELECT workflow_id, run_id, outcome, error_code, error_message FROM event_runs
-			WHERE tenant_id = $1 AND event = $2 ORDER BY workflow_id`
+			WHERE tenant_id = $1 AND event = $2 ORDER BY workflow_id, run_id NULLS FIRST`
 	qEventRunsOf = `SELECT event, workflow_id, run_id, outcome, error_code, error_message FROM event_runs
 			WHERE tenant_id = $1 AND event = ANY($2)`
 	qListEvents = `SELECT id, event_id, name, payload, received_at FROM events
@@ -478,6 +585,25 @@ const (
 	qMatchingTriggers = `SELECT workflow_id, version, position FROM workflow_triggers
 			WHERE tenant_id = $1 AND ((NOT wildcard AND pattern = $2) OR (wildcard AND segments = $3 AND starts_with($2, prefix)))
 			ORDER BY workflow_id, position`
+	// The distinct key expressions of the waits on an event name: a loose
+	// index scan of event_waits_lookup (one probe per expression, however
+	// many runs wait).
+	qEventWaitKeyExprs = `WITH RECURSIVE k AS (
+			(SELECT key_expr FROM event_waits WHERE tenant_id = $1 AND name = $2 ORDER BY key_expr LIMIT 1)
+			UNION ALL
+			SELECT (SELECT w.key_expr FROM event_waits w WHERE w.tenant_id = $1 AND w.name = $2 AND w.key_expr > k.key_expr
+			         ORDER BY w.key_expr LIMIT 1)
+			  FROM k WHERE k.key_expr IS NOT NULL)
+		SELECT key_expr FROM k WHERE key_expr IS NOT NULL LIMIT $3`
+	// The running runs with a wait on the name that is unkeyed or holds
+	// the value one of the key expressions gave, oldest (lowest id) first.
+	qEventWaiters = `SELECT r.id, r.workflow_id FROM workflow_runs r
+		 WHERE r.tenant_id = $1 AND r.status = 'running' AND r.id IN (
+			SELECT w.run_id FROM event_waits w WHERE w.tenant_id = $1 AND w.name = $2 AND w.key_expr = ''
+			UNION
+			SELECT w.run_id FROM unnest($3::text[], $4::text[]) AS k(expr, key)
+			  JOIN event_waits w ON w.tenant_id = $1 AND w.name = $2 AND w.key_expr = k.expr AND w.match_key = k.key)
+		 ORDER BY r.id LIMIT $5`
 	qDeleteTriggers = `DELETE FROM workflow_triggers WHERE tenant_id = $1 AND workflow_id = $2`
 	qInsertTrigger  = `INSERT INTO workflow_triggers (tenant_id, workflow_id, position, version, pattern, wildcard, segments, prefix)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`

@@ -117,7 +117,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			case sm.CreateTask:
 				if a.Type == dag.TypeWait && a.State == sm.TaskWaiting {
 					if n := p.def.wf.Node(a.NodeID); n != nil && n.Wait != nil {
-						w := WaitStarted{Node: a.NodeID, Signal: n.Wait.Signal, Approval: n.Wait.Approval}
+						w := WaitStarted{Node: a.NodeID, Signal: n.Wait.Signal, Event: n.Wait.Event, Approval: n.Wait.Approval}
 						if d := n.Wait.Timeout.Std(); d > 0 {
 							at := p.now.Add(d)
 							w.TimeoutAt = &at
@@ -198,6 +198,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			t := p.task(a.NodeID)
 			p.guarded("completing "+a.NodeID, qCompleteTask,
 				tenant, p.runID, t.id, []byte(a.Output), a.Attempt, ownerFor(a.TaskID))
+			p.stopAwaiting(a.NodeID, t.id)
 		case sm.RetryTask:
 			t := p.task(a.NodeID)
 			p.guarded("retrying "+a.NodeID, fmt.Sprintf(qRetryTask, states(a.TaskID)),
@@ -208,10 +209,12 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			t := p.task(a.NodeID)
 			p.guarded("failing "+a.NodeID, fmt.Sprintf(qFailTask, states(a.TaskID)),
 				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, ownerFor(a.TaskID))
+			p.stopAwaiting(a.NodeID, t.id)
 		case sm.CancelTask:
 			t := p.task(a.NodeID)
 			p.guarded("cancelling "+a.NodeID, qCancelTask,
 				tenant, p.runID, t.id)
+			p.stopAwaiting(a.NodeID, t.id)
 		case sm.ResetNode:
 			t := p.task(a.NodeID)
 			p.exec(qDeleteTaskTimers, tenant, p.runID, t.id)
@@ -222,6 +225,17 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				tenant, p.runID, a.Signal.ID, a.Signal.Name, jsonOrEmpty(a.Signal.Payload), a.ConsumedBy)
 		case sm.ConsumeSignal:
 			p.guarded("consuming signal "+a.SignalID, qConsumeSignal, tenant, p.runID, a.SignalID, a.NodeID)
+		case sm.AwaitEvent:
+			var task *uuid.UUID
+			var node *string
+			var cancelOn *int
+			if a.NodeID != "" {
+				t := p.task(a.NodeID)
+				task, node = &t.id, &a.NodeID
+			} else {
+				cancelOn = &a.CancelOn
+			}
+			p.exec(qInsertEventWait, tenant, p.runID, task, node, cancelOn, a.Name, a.KeyExpr, a.Key)
 		case sm.CompleteRun:
 			p.finishRun("completed", a.Output, nil)
 		case sm.FailRun:
@@ -348,10 +362,20 @@ func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 }
 
 // finishRun writes the run's terminal state once (the status guard) and
-// drops its timers, which can no longer matter.
+// drops its timers and registered waits, which can no longer matter.
 func (p *persister) finishRun(status string, output, errDoc []byte) {
 	p.guarded("finishing the run", qFinishRun, p.tx.Tenant, p.runID, status, output, errDoc)
 	p.exec(qDeleteRunTimers, p.tx.Tenant, p.runID)
+	if p.def.wf.HasEventWaits() {
+		p.exec(qDeleteRunEventWaits, p.tx.Tenant, p.runID)
+	}
+}
+
+// stopAwaiting drops the registration of an event wait whose task ends.
+func (p *persister) stopAwaiting(node string, task uuid.UUID) {
+	if n := p.def.wf.Node(node); n != nil && n.IsEventWait() {
+		p.exec(qDeleteTaskEventWait, p.tx.Tenant, task)
+	}
 }
 
 func jsonOrNil(b json.RawMessage) []byte {
@@ -399,6 +423,8 @@ func timelineDetail(ev sm.Event, tr sm.Transition) map[string]any {
 		d["timer"] = e.Kind
 	case sm.SignalReceived:
 		d["signal"] = map[string]string{"id": e.Signal.ID, "name": e.Signal.Name}
+	case sm.EventReceived:
+		d["event"] = map[string]string{"id": e.Event.ID, "name": e.Event.Name}
 	case sm.CancelRequested:
 		d["reason"] = e.Reason
 	}
@@ -432,6 +458,13 @@ func timelineDetail(ev sm.Event, tr sm.Transition) map[string]any {
 			m["signal"], m["consumed_by"] = a.Signal.Name, a.ConsumedBy
 		case sm.ConsumeSignal:
 			m["node"] = a.NodeID
+		case sm.AwaitEvent:
+			m["event"] = a.Name
+			if a.NodeID != "" {
+				m["node"] = a.NodeID
+			} else {
+				m["cancel_on"] = a.CancelOn
+			}
 		case sm.FailRun:
 			m["error"] = a.Error
 		case sm.CancelRun:

@@ -506,6 +506,11 @@ const (
 	qFinishRun = `UPDATE workflow_runs SET status = $3, output = $4, error = $5, finished_at = now(), updated_at = now()
 		WHERE tenant_id = $1 AND id = $2 AND status = 'running'`
 	qDeleteRunTimers = `DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2`
+	// The index of event waits (events.go reads it).
+	qInsertEventWait = `INSERT INTO event_waits (tenant_id, run_id, task_id, node_id, cancel_on, name, key_expr, match_key)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`
+	qDeleteTaskEventWait = `DELETE FROM event_waits WHERE tenant_id = $1 AND task_id = $2`
+	qDeleteRunEventWaits = `DELETE FROM event_waits WHERE tenant_id = $1 AND run_id = $2`
 	// queries
 	qGetRun      = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
 	qTasksOfRuns = `SELECT ` + taskColumns + ` FROM task_instances WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id, id`
@@ -578,6 +583,10 @@ const (
 	qDropOldIdempotencyKeys = `DELETE FROM run_idempotency_keys WHERE (tenant_id, key) IN (
 				SELECT tenant_id, key FROM run_idempotency_keys
 				 WHERE created_at < date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => $1)
+				 LIMIT 10000)`
+	qDropOldEvents = `DELETE FROM events WHERE (tenant_id, id) IN (
+				SELECT tenant_id, id FROM events
+				 WHERE received_at < date_trunc('month', now() AT TIME ZONE 'UTC') - make_interval(months => $1)
 				 LIMIT 10000)`
 	// workflows
 	qInsertWorkflow = `INSERT INTO workflow_definitions (tenant_id, id, name, description, latest_version)

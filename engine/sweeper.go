@@ -428,15 +428,18 @@ func (s *Sweeper) Maintain(ctx context.Context) error {
 		if err := s.db.System().QueryRow(ctx, qDropPartitions, s.cfg.RetentionMonths).Scan(&dropped); err != nil {
 			return fmt.Errorf("drop partitions: %w", err)
 		}
-		// Idempotency keys live outside the partitions; they go with the
-		// runs they named, in bounded batches.
-		for {
-			tag, err := s.db.System().Exec(ctx, qDropOldIdempotencyKeys, s.cfg.RetentionMonths)
-			if err != nil {
-				return fmt.Errorf("expire idempotency keys: %w", err)
-			}
-			if tag.RowsAffected() < 10000 {
-				break
+		// Idempotency keys and published events (with what they did, by
+		// cascade) live outside the partitions; they go with the runs they
+		// named, in bounded batches.
+		for what, q := range map[string]string{"idempotency keys": qDropOldIdempotencyKeys, "events": qDropOldEvents} {
+			for {
+				tag, err := s.db.System().Exec(ctx, q, s.cfg.RetentionMonths)
+				if err != nil {
+					return fmt.Errorf("expire %s: %w", what, err)
+				}
+				if tag.RowsAffected() < 10000 {
+					break
+				}
 			}
 		}
 	}

@@ -18,8 +18,13 @@ import (
 
 // Outcome is the resolver for the outcome field.
 func (r *eventRunResolver) Outcome(ctx context.Context, obj *engine.EventRun) (model.EventRunOutcome, error) {
-	if obj.Outcome == engine.EventRunStarted {
+	switch obj.Outcome {
+	case engine.EventRunStarted:
 		return model.EventRunOutcomeStarted, nil
+	case engine.EventRunResumed:
+		return model.EventRunOutcomeResumed, nil
+	case engine.EventRunCancelled:
+		return model.EventRunOutcomeCancelled, nil
 	}
 	return model.EventRunOutcomeRefused, nil
 }

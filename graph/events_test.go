@@ -126,3 +126,48 @@ func mustJSON(t *testing.T, v any) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// TestEventsResumeAndCancelRunsOverGraphQL: an event published over
+// GraphQL resumes the run whose wait it matches and cancels the one whose
+// cancel_on it matches, listed with the event as RESUMED and CANCELLED;
+// tenant B's runs waiting for the same name and key are untouched.
+func TestEventsResumeAndCancelRunsOverGraphQL(t *testing.T) {
+	t.Parallel()
+	sys, a, b := twoTenants(t)
+	def := `{"cancel_on": [{"event": "order.cancelled", "match": "event.payload.order == input.order"}],
+		"nodes": [{"id": "paid", "type": "wait", "wait": {"event": "order.paid", "match": "event.payload.order == input.order"}}]}`
+	start := func(who string, order string) string {
+		var wf struct {
+			CreateWorkflow struct{ Workflow struct{ ID string } }
+		}
+		sys.GraphQL(who, `mutation($d: JSON!, $n: String!) { createWorkflow(input: {name: $n, definition: $d}) { workflow { id } } }`,
+			map[string]any{"d": json.RawMessage(def), "n": "w-" + order}).Decode(t, &wf)
+		var started struct {
+			StartRun struct{ Run struct{ ID string } }
+		}
+		sys.GraphQL(who, `mutation($w: ID!, $i: JSON) { startRun(input: {workflowId: $w, input: $i}) { run { id } } }`,
+			map[string]any{"w": wf.CreateWorkflow.Workflow.ID, "i": map[string]any{"order": order}}).Decode(t, &started)
+		return started.StartRun.Run.ID
+	}
+	paid, cancelled := start(a.owner, "o-1"), start(a.owner, "o-2")
+	theirs := start(b.owner, "o-1")
+
+	var p publishAnswer
+	sys.GraphQL(a.developer, publishQuery, map[string]any{"n": "order.paid", "id": "paid-o-1", "p": map[string]any{"order": "o-1"}}).Decode(t, &p)
+	require.Len(t, p.PublishEvent.Event.Runs, 1)
+	r := p.PublishEvent.Event.Runs[0]
+	assert.Equal(t, "RESUMED", r.Outcome)
+	require.NotNil(t, r.Run)
+	assert.Equal(t, paid, r.Run.ID)
+	assert.Equal(t, "COMPLETED", r.Run.Status)
+
+	sys.GraphQL(a.developer, publishQuery, map[string]any{"n": "order.cancelled", "id": "cancel-o-2", "p": map[string]any{"order": "o-2"}}).Decode(t, &p)
+	require.Len(t, p.PublishEvent.Event.Runs, 1)
+	assert.Equal(t, "CANCELLED", p.PublishEvent.Event.Runs[0].Outcome)
+	assert.Equal(t, cancelled, p.PublishEvent.Event.Runs[0].Run.ID)
+	assert.Equal(t, "CANCELLED", p.PublishEvent.Event.Runs[0].Run.Status)
+
+	var run struct{ Run struct{ Status string } }
+	sys.GraphQL(b.owner, `query($id: ID!) { run(id: $id) { status } }`, map[string]any{"id": theirs}).Decode(t, &run)
+	assert.Equal(t, "RUNNING", run.Run.Status, "another tenant's event never resumes B's run")
+}

@@ -26,15 +26,16 @@ func EventType(s sm.RunStatus) string {
 }
 
 // Hook is the engine.TxHook that enqueues deliveries when a run ends, and
-// when it starts waiting for a signal (run.waiting) or an approval
-// (approval.requested), so someone can be told.
+// when it starts waiting for a signal or an event (run.waiting) or an
+// approval (approval.requested), so someone can be told.
 func Hook(t *engine.TxTransition, q engine.Queuer) {
 	for _, w := range t.Waits {
 		typ := EventRunWaiting
 		if w.Approval {
 			typ = EventApprovalRequested
 		}
-		q.Queue(enqueueWait, t.Tenant, typ, t.RunID, t.WorkflowID, t.WorkflowVersion, t.Now, w.Node, w.Signal, w.TimeoutAt)
+		q.Queue(enqueueWait, t.Tenant, typ, t.RunID, t.WorkflowID, t.WorkflowVersion, t.Now, w.Node, nullIfEmpty(w.Signal), w.TimeoutAt,
+			nullIfEmpty(w.Event))
 	}
 	if !t.Terminal {
 		return
@@ -57,6 +58,13 @@ func Hook(t *engine.TxTransition, q engine.Queuer) {
 	}
 	q.Queue(enqueue, t.Tenant, typ, t.RunID, t.WorkflowID, t.WorkflowVersion, string(t.Status), t.Now,
 		nullJSON(output), truncated, nullJSON(errJSON))
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // nullJSON passes JSON bytes as text for a ::jsonb parameter (nil: NULL).

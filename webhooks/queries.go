@@ -107,14 +107,14 @@ SELECT e.tenant_id, composer_uuidv7(), e.id, $2, $3, json_build_object(
  WHERE e.tenant_id = $1 AND e.enabled AND $2 = ANY (e.event_types)`
 
 // enqueueWait inserts the deliveries of a run that started waiting at a
-// wait node: which node, for which signal, until when.
+// wait node: which node, for which signal or event, until when.
 const enqueueWait = `INSERT INTO webhook_deliveries (tenant_id, id, endpoint_id, event_type, run_id, payload)
 SELECT e.tenant_id, composer_uuidv7(), e.id, $2, $3, json_build_object(
     'type', $2::text,
     'timestamp', $6::timestamptz,
     'data', json_build_object(
         'run_id', $3::uuid, 'workflow', w.name, 'workflow_id', $4::uuid, 'workflow_version', $5::int,
-        'status', 'running', 'node', $7::text, 'signal', $8::text, 'timeout_at', $9::timestamptz,
+        'status', 'running', 'node', $7::text, 'signal', $8::text, 'event', $10::text, 'timeout_at', $9::timestamptz,
         'started_at', r.created_at, 'metadata', r.metadata))::text
   FROM webhook_endpoints e
   LEFT JOIN workflow_runs r ON r.tenant_id = $1 AND r.id = $3

@@ -586,8 +586,8 @@ func TestRedeliverDuringAnAttemptDoesNotSendTwice(t *testing.T) {
 	require.Len(t, got.Attempts, 1)
 }
 
-// TestWaitsAreWebhookEvents: a run that starts waiting for a signal sends
-// run.waiting, one waiting for an approval approval.requested — each with
+// TestWaitsAreWebhookEvents: a run that starts waiting for a signal (or an
+// event) sends run.waiting, one waiting for an approval approval.requested — each with
 // the node, the signal, the deadline and the run's metadata — to the
 // endpoints subscribed to them, in the transition's transaction; others
 // get nothing, and another tenant's endpoints never see them.
@@ -603,7 +603,8 @@ func TestWaitsAreWebhookEvents(t *testing.T) {
 	otherEnd, _ := f.endpoint(other.ID, "http://127.0.0.1:1/other", webhooks.EventRunWaiting, webhooks.EventApprovalRequested)
 
 	wf := f.sys.Workflow(`{"nodes":[{"id":"paid","type":"wait","wait":{"signal":"payment"}},
-		{"id":"ok","type":"wait","depends_on":["paid"],"wait":{"signal":"manager","approval":true,"timeout":"2h"}}]}`)
+		{"id":"ok","type":"wait","depends_on":["paid"],"wait":{"signal":"manager","approval":true,"timeout":"2h"}},
+		{"id":"delivered","type":"wait","depends_on":["ok"],"wait":{"event":"parcel.delivered"}}]}`)
 	res, err := f.sys.Coordinator().StartRun(ctx, f.sys.Tenant, engine.StartRun{WorkflowID: wf, Metadata: map[string]string{"order": "o-9"}})
 	require.NoError(t, err)
 
@@ -611,6 +612,7 @@ func TestWaitsAreWebhookEvents(t *testing.T) {
 		RunID     uuid.UUID `json:"run_id"`
 		Node      string
 		Signal    string
+		Event     string
 		Status    string
 		TimeoutAt *time.Time `json:"timeout_at"`
 		Metadata  map[string]string
@@ -641,5 +643,12 @@ func TestWaitsAreWebhookEvents(t *testing.T) {
 	assert.Equal(t, "manager", got[0].Signal)
 	require.NotNil(t, got[0].TimeoutAt)
 	assert.Empty(t, read(terminal), "not a terminal event")
+
+	// An event wait is a run.waiting too, naming its event.
+	_, err = f.sys.Coordinator().SignalRun(ctx, f.sys.Tenant, res.RunID, engine.Signal{ID: "m1", Name: "manager", Payload: json.RawMessage(`{"approved": true}`)})
+	require.NoError(t, err)
+	got = read(waiting)
+	require.Len(t, got, 2)
+	assert.Contains(t, got, data{RunID: res.RunID, Node: "delivered", Event: "parcel.delivered", Status: "running", Metadata: map[string]string{"order": "o-9"}})
 	assert.Empty(t, f.deliveries(other.ID, webhooks.DeliveryFilter{EndpointID: &otherEnd.ID}), "another tenant's endpoints hear nothing")
 }

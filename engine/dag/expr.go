@@ -35,20 +35,31 @@ const MaxValueBytes = 1 << 20
 // than MaxValueBytes.
 var ErrValueTooLarge = errors.New("value too large")
 
-// env is the CEL environment of every expression: `input` is the run input
-// and `nodes.<id>` holds {"status": ..., "output": ...} of finished nodes.
-// The standard extensions for strings, encoders, math and lists are on.
-var env = sync.OnceValues(func() (*cel.Env, error) { return newEnv(inputVar, nodesVar) })
-
 var (
-	inputVar   = cel.Variable("input", cel.DynType)
-	nodesVar   = cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType))
-	secretsVar = cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType))
+	envOnce sync.Once
+	celEnv  *cel.Env
+	envErr  error
 )
 
-// newEnv is an environment of the given variables with celOptions.
+// env is the CEL environment of every expression: `input` is the run input
+// and `nodes.<id>` holds {"status": ..., "output": ...} of finished nodes.
+func env() (*cel.Env, error) {
+	envOnce.Do(func() {
+		celEnv, envErr = newEnv(
+			cel.Variable("input", cel.DynType),
+			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)))
+	})
+	return celEnv, envErr
+}
+
+// newEnv is a CEL environment of the given variables with what every
+// expression gets: the standard extensions for strings, encoders, math and
+// lists, and bounds on size and nesting.
 func newEnv(vars ...cel.EnvOption) (*cel.Env, error) {
-	return cel.NewEnv(append(celOptions(), vars...)...)
+	return cel.NewEnv(append(vars,
+		ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
+		cel.ParserExpressionSizeLimit(MaxExpressionBytes),
+		cel.ParserRecursionLimit(64))...)
 }
 
 type program struct {
@@ -64,50 +75,47 @@ func compile(src string, wantBool bool) (*program, error) {
 	if err != nil {
 		return nil, err
 	}
+	p, _, err := compileIn(e, src, wantBool)
+	return p, err
+}
+
+// compileIn checks and plans src in e, returning the checked AST too.
+func compileIn(e *cel.Env, src string, wantBool bool) (*program, *ast.AST, error) {
 	if strings.TrimSpace(src) == "" {
-		return nil, errors.New("expression is empty")
+		return nil, nil, errors.New("expression is empty")
 	}
-	checked, prg, err := plan(e, src)
-	if err != nil {
-		return nil, err
+	checked, iss := e.Compile(src)
+	if iss != nil && iss.Err() != nil {
+		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
 	}
 	if wantBool {
 		out := checked.OutputType()
 		if !out.IsExactType(types.BoolType) && !out.IsExactType(types.DynType) {
-			return nil, fmt.Errorf("must be a boolean expression, not %s", out)
+			return nil, nil, fmt.Errorf("must be a boolean expression, not %s", out)
 		}
-	}
-	refs, _ := namedRefs(checked.NativeRep(), "nodes")
-	return &program{source: src, prg: prg, refs: refs}, nil
-}
-
-// celOptions are every environment's: the standard extensions for
-// strings, encoders, math and lists, and the parser's bounds.
-func celOptions() []cel.EnvOption {
-	return []cel.EnvOption{ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
-		cel.ParserExpressionSizeLimit(MaxExpressionBytes), cel.ParserRecursionLimit(64)}
-}
-
-// plan checks src in e and plans it under the cost limit.
-func plan(e *cel.Env, src string) (*cel.Ast, cel.Program, error) {
-	checked, iss := e.Compile(src)
-	if iss != nil && iss.Err() != nil {
-		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
 	}
 	prg, err := e.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
 	if err != nil {
 		return nil, nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
 	}
-	return checked, prg, nil
+	native := checked.NativeRep()
+	return &program{source: src, prg: prg, refs: nodeRefs(native)}, native, nil
 }
 
 func oneLine(s string) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
 }
 
+// nodeRefs lists the node ids an expression reads as nodes.<id> or
+// nodes["<id>"].
+func nodeRefs(a *ast.AST) []string {
+	refs, _ := namedRefs(a, "nodes")
+	return refs
+}
+
 // namedRefs lists the keys an expression reads of a map variable by name
-// (variable.<key> or variable["<key>"]), and the ids of the variable's
-// identifier expressions so used.
+// (variable.<key> or variable["<key>"]), sorted, and the ids of the
+// variable's identifier expressions so used.
 func namedRefs(a *ast.AST, variable string) ([]string, map[int64]bool) {
 	seen := map[string]bool{}
 	operands := map[int64]bool{}

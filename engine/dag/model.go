@@ -55,7 +55,9 @@ type Workflow struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 	// Triggers start a run for each published event they match.
 	Triggers []*Trigger `json:"triggers,omitempty"`
-	Nodes    []*Node    `json:"nodes"`
+	// CancelOn cancels a running run when a matching event is published.
+	CancelOn []*CancelOn `json:"cancel_on,omitempty"`
+	Nodes    []*Node     `json:"nodes"`
 
 	byID     map[string]*Node
 	order    []string            // topological
@@ -125,10 +127,24 @@ type SleepSpec struct {
 // arrives (its payload becomes the output) and fails when Timeout passes
 // first. With Approval the payload is a decision: {"approved": bool, ...};
 // a rejection fails the node.
+//
+// With Event instead of Signal the node waits for a published event of
+// that name for which Match — a CEL expression over `event` ({"id",
+// "name", "payload"}), `input` and upstream `nodes` — holds (every event of
+// the name when Match is empty); its output is the event. Only events
+// published while the node waits count. A match of the form
+// `event.payload.order_id == input.order_id` (alone or as a term of a
+// top-level &&) is indexed: a publish finds the waits for its value
+// directly; any other match is tried against every waiting run of the
+// event's name.
 type WaitSpec struct {
-	Signal   string   `json:"signal"`
+	Signal   string   `json:"signal,omitempty"`
+	Event    string   `json:"event,omitempty"`
+	Match    string   `json:"match,omitempty"`
 	Timeout  Duration `json:"timeout,omitempty"`
 	Approval bool     `json:"approval,omitempty"`
+
+	match *eventMatch
 }
 
 // RetryPolicy says how often and how soon a failed attempt is retried.

@@ -99,6 +99,7 @@ type rawWorkflow struct {
 	Output      map[string]string `json:"output"`
 	Metadata    map[string]string `json:"metadata"`
 	Triggers    []*Trigger        `json:"triggers"`
+	CancelOn    []*CancelOn       `json:"cancel_on"`
 	Nodes       []json.RawMessage `json:"nodes"`
 }
 
@@ -109,7 +110,8 @@ func decode(data []byte) (*Workflow, []Problem) {
 	if err := strictUnmarshal(data, &raw); err != nil {
 		return nil, []Problem{{Message: jsonProblem(err)}}
 	}
-	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output, Metadata: raw.Metadata, Triggers: raw.Triggers}
+	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output, Metadata: raw.Metadata, Triggers: raw.Triggers,
+		CancelOn: raw.CancelOn}
 	var problems []Problem
 	if len(raw.Timeout) > 0 && string(raw.Timeout) != "null" {
 		if err := json.Unmarshal(raw.Timeout, &w.Timeout); err != nil {

@@ -163,30 +163,26 @@ func pathStarted(s string) bool {
 }
 
 var (
-	// templateEnv checks segments: input, nodes and secrets.
-	templateEnv = sync.OnceValues(func() (*cel.Env, error) { return newEnv(inputVar, nodesVar, secretsVar) })
+	secretsVar = cel.Variable("secrets", cel.MapType(cel.StringType, cel.StringType))
+	// templateEnv compiles segments: input, nodes and secrets.
+	templateEnv = sync.OnceValues(func() (*cel.Env, error) {
+		return newEnv(cel.Variable("input", cel.DynType), cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)), secretsVar)
+	})
 	// secretsEnv evaluates segments over secrets: secrets alone.
 	secretsEnv = sync.OnceValues(func() (*cel.Env, error) { return newEnv(secretsVar) })
 )
 
 func compileSegment(src string) (segment, []string, error) {
-	if src == "" {
-		return segment{}, nil, errors.New("expression is empty")
-	}
 	e, err := templateEnv()
 	if err != nil {
 		return segment{}, nil, err
 	}
-	checked, iss := e.Compile(src)
-	if iss != nil && iss.Err() != nil {
-		return segment{}, nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
+	p, native, err := compileIn(e, src, false)
+	if err != nil {
+		return segment{}, nil, err
 	}
-	idents, names, dynamic := secretRefs(checked.NativeRep())
+	idents, names, dynamic := secretRefs(native)
 	if !idents["secrets"] {
-		p, err := compile(src, false)
-		if err != nil {
-			return segment{}, nil, err
-		}
 		return segment{prog: p}, nil, nil
 	}
 	switch {
@@ -221,7 +217,7 @@ func secretRefs(a *ast.AST) (idents map[string]bool, names []string, dynamic boo
 	return idents, names, dynamic
 }
 
-var secretProgs sync.Map // source -> cel.Program; bounded by secretProgsMax
+var secretProgs sync.Map // source -> *program; bounded by secretProgsMax
 
 const secretProgsMax = 4096
 
@@ -230,15 +226,17 @@ var secretProgsLen struct {
 	n int
 }
 
-func compileSecret(src string) (cel.Program, error) {
+// compileSecret compiles an expression over secrets alone, once per
+// source (the executor evaluates the same few over and over).
+func compileSecret(src string) (*program, error) {
 	if p, ok := secretProgs.Load(src); ok {
-		return p.(cel.Program), nil
+		return p.(*program), nil
 	}
 	e, err := secretsEnv()
 	if err != nil {
 		return nil, err
 	}
-	_, prg, err := plan(e, src)
+	p, _, err := compileIn(e, src, false)
 	if err != nil {
 		return nil, err
 	}
@@ -249,8 +247,8 @@ func compileSecret(src string) (cel.Program, error) {
 	}
 	secretProgsLen.n++
 	secretProgsLen.Unlock()
-	secretProgs.Store(src, prg)
-	return prg, nil
+	secretProgs.Store(src, p)
+	return p, nil
 }
 
 // EvalSecretPart evaluates an expression over secrets (a Part's Secret)
@@ -262,7 +260,7 @@ func EvalSecretPart(p Part, secrets map[string]string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("{{ %s }}: %w", p.Secret, err)
 	}
-	v, _, err := prg.Eval(map[string]any{"secrets": secrets})
+	v, _, err := prg.prg.Eval(map[string]any{"secrets": secrets})
 	if err != nil {
 		// A CEL runtime error names keys and types, never map values.
 		return "", fmt.Errorf("{{ %s }}: %s", p.Secret, oneLine(err.Error()))

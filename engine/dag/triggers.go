@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"cel.dev/cel-go/cel"
-	"cel.dev/cel-go/common/types"
-	"cel.dev/cel-go/ext"
 )
 
 // MaxTriggers bounds a workflow's event triggers.
@@ -114,41 +112,20 @@ func (t *Trigger) Matches(id, name string, payload json.RawMessage) (bool, error
 }
 
 var (
-	triggerEnvOnce sync.Once
-	triggerEnv     *cel.Env
-	triggerEnvErr  error
+	eventEnvOnce sync.Once
+	eventEnv     *cel.Env
+	eventEnvErr  error
 )
 
-// compileTrigger compiles a trigger condition, whose only variable is
-// `event`.
-func compileTrigger(src string) (*program, error) {
-	triggerEnvOnce.Do(func() {
-		triggerEnv, triggerEnvErr = cel.NewEnv(
-			cel.Variable("event", cel.DynType),
-			ext.Strings(), ext.Encoders(), ext.Math(), ext.Lists(),
-			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
-			cel.ParserRecursionLimit(64),
-		)
-	})
-	if triggerEnvErr != nil {
-		return nil, triggerEnvErr
+// compileEventExpr compiles an expression whose only variable is `event`:
+// a trigger's condition (wantBool), or the event side of a keyed match.
+func compileEventExpr(src string, wantBool bool) (*program, error) {
+	eventEnvOnce.Do(func() { eventEnv, eventEnvErr = newEnv(cel.Variable("event", cel.DynType)) })
+	if eventEnvErr != nil {
+		return nil, eventEnvErr
 	}
-	if strings.TrimSpace(src) == "" {
-		return nil, fmt.Errorf("expression is empty")
-	}
-	checked, iss := triggerEnv.Compile(src)
-	if iss != nil && iss.Err() != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(iss.Err().Error()))
-	}
-	out := checked.OutputType()
-	if !out.IsExactType(types.BoolType) && !out.IsExactType(types.DynType) {
-		return nil, fmt.Errorf("must be a boolean expression, not %s", out)
-	}
-	prg, err := triggerEnv.Program(checked, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(costLimit))
-	if err != nil {
-		return nil, fmt.Errorf("does not compile: %s", oneLine(err.Error()))
-	}
-	return &program{source: src, prg: prg}, nil
+	p, _, err := compileIn(eventEnv, src, wantBool)
+	return p, err
 }
 
 func (w *Workflow) validateTriggers(ps *problems) {
@@ -172,7 +149,7 @@ func (w *Workflow) validateTriggers(ps *problems) {
 		}
 		seen[key] = true
 		if t.If != "" {
-			p, err := compileTrigger(t.If)
+			p, err := compileEventExpr(t.If, true)
 			if err != nil {
 				ps.add("", field+".if", "%v", err)
 				continue

@@ -176,8 +176,24 @@ func (n *Node) validate(ps *problems, label string) {
 		}
 	}
 	if wt := n.Wait; wt != nil {
-		if !signalPattern.MatchString(wt.Signal) {
-			ps.add(label, "wait.signal", "must be 1-128 letters, digits, '_', '.', ':' or '-'")
+		switch {
+		case wt.Signal != "" && wt.Event != "":
+			ps.add(label, "wait", "give a signal or an event, not both")
+		case wt.Event != "":
+			if msg := ValidEventName(wt.Event); msg != "" {
+				ps.add(label, "wait.event", "%s", msg)
+			}
+			if wt.Approval {
+				ps.add(label, "wait.approval", "is for signals; an event wait completes with the event")
+			}
+			if len(wt.Match) > MaxExpressionBytes {
+				ps.add(label, "wait.match", "is longer than %d bytes", MaxExpressionBytes)
+			}
+		case !signalPattern.MatchString(wt.Signal):
+			ps.add(label, "wait.signal", "must be 1-128 letters, digits, '_', '.', ':' or '-' (or give wait.event)")
+		}
+		if wt.Match != "" && wt.Event == "" {
+			ps.add(label, "wait.match", "is for event waits (give wait.event)")
 		}
 		checkDuration(ps, label, "wait.timeout", wt.Timeout, false)
 	}
@@ -373,6 +389,7 @@ func (w *Workflow) compile(ps *problems) {
 		}
 		w.output[k] = p
 	}
+	w.compileEventMatches(ps)
 	if len(w.Metadata) > MaxMetadataKeys {
 		ps.add("", "metadata", "has %d keys; at most %d", len(w.Metadata), MaxMetadataKeys)
 	}

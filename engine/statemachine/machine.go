@@ -28,6 +28,8 @@ func Decide(wf *dag.Workflow, run *Run, ev Event, now time.Time) Transition {
 		m.timerFired(e)
 	case SignalReceived:
 		m.signal(e.Signal)
+	case EventReceived:
+		m.event(e.Event)
 	case CancelRequested:
 		m.cancel(e.Reason)
 	case RerunRequested:
@@ -78,7 +80,21 @@ func (m *machine) start() {
 	if t := m.wf.Timeout.Std(); t > 0 {
 		m.emit(ScheduleTimer{Kind: TimerRunTimeout, FireAt: m.now.Add(t)})
 	}
+	m.awaitCancelOn()
 	m.advance()
+}
+
+// awaitCancelOn registers the workflow's cancel_on entries. An entry whose
+// key cannot be evaluated over the input (a field it reads is missing)
+// could never match, and is not registered.
+func (m *machine) awaitCancelOn() {
+	for i, c := range m.wf.CancelOn {
+		expr, key, err := c.Key(m.run.Input)
+		if err != nil {
+			continue
+		}
+		m.emit(AwaitEvent{CancelOn: i, Name: c.Event, KeyExpr: expr, Key: key})
+	}
 }
 
 // activeTask returns the node's task when the event's task id and attempt
@@ -205,7 +221,11 @@ func (m *machine) timerFired(e TimerFired) {
 	case TimerWaitTimeout:
 		if t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskWaiting); t != nil {
 			w := m.wf.Node(t.NodeID).Wait
-			m.failNode(t, Error{Code: CodeWaitTimeout, Message: fmt.Sprintf("no %q signal within %s", w.Signal, w.Timeout.Std())})
+			what := fmt.Sprintf("%q signal", w.Signal)
+			if w.Event != "" {
+				what = fmt.Sprintf("matching %q event", w.Event)
+			}
+			m.failNode(t, Error{Code: CodeWaitTimeout, Message: fmt.Sprintf("no %s within %s", what, w.Timeout.Std())})
 		}
 	case TimerScheduleToStart:
 		// Only an attempt no worker has leased yet times out this way; a
@@ -236,6 +256,41 @@ func (m *machine) signal(s Signal) {
 	// No node waits for it yet: keep it for the first wait node that does.
 	m.emit(RecordSignal{Signal: s})
 	m.run.Signals = append(m.run.Signals, s)
+}
+
+// event applies a published event: a matching cancel_on entry cancels the
+// run; otherwise every waiting event wait the event matches completes with
+// it. A match that cannot be evaluated on this event (a field it reads is
+// missing) does not match.
+func (m *machine) event(e dag.EventData) {
+	if m.run.Status != RunRunning {
+		m.ignore("run is %s", m.run.Status)
+		return
+	}
+	for _, c := range m.wf.CancelOn {
+		if ok, err := c.Matches(m.run.Input, e); err == nil && ok {
+			m.cancel(fmt.Sprintf("cancelled by event %s (%s)", e.Name, e.ID))
+			return
+		}
+	}
+	s := m.scope()
+	resolved := false
+	for _, id := range m.wf.Order() {
+		n := m.wf.Node(id)
+		t := m.run.Tasks[id]
+		if t == nil || t.State != TaskWaiting || !n.IsEventWait() {
+			continue
+		}
+		if ok, err := n.MatchesEvent(s, e); err == nil && ok {
+			m.complete(t, e.Output())
+			resolved = true
+		}
+	}
+	if !resolved {
+		m.ignore("nothing in the run waits for event %s (%s)", e.Name, e.ID)
+		return
+	}
+	m.advance()
 }
 
 // resolveWait completes a wait node with a signal's payload, or fails it
@@ -288,6 +343,7 @@ func (m *machine) rerun() {
 	if t := m.wf.Timeout.Std(); t > 0 {
 		m.emit(ScheduleTimer{Kind: TimerRunTimeout, FireAt: m.now.Add(t)})
 	}
+	m.awaitCancelOn()
 	m.advance()
 }
 
@@ -378,11 +434,20 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
 			return
 		}
-		base.State = TaskWaiting
-		m.emit(base)
-		t.State = TaskWaiting
+		m.createWaiting(base, t)
 		m.emit(ScheduleTimer{Kind: TimerSleep, NodeID: n.ID, Attempt: 1, FireAt: at})
 	case dag.TypeWait:
+		if n.IsEventWait() {
+			expr, key, err := n.EventKey(s)
+			if err != nil {
+				m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+				return
+			}
+			m.createWaiting(base, t)
+			m.emit(AwaitEvent{NodeID: n.ID, Name: n.Wait.Event, KeyExpr: expr, Key: key})
+			m.waitTimeout(n)
+			return
+		}
 		for i, sig := range m.run.Signals {
 			if sig.Name != n.Wait.Signal {
 				continue
@@ -398,12 +463,8 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 			m.createFinal(base, t, TaskCompleted, "")
 			return
 		}
-		base.State = TaskWaiting
-		m.emit(base)
-		t.State = TaskWaiting
-		if d := n.Wait.Timeout.Std(); d > 0 {
-			m.emit(ScheduleTimer{Kind: TimerWaitTimeout, NodeID: n.ID, Attempt: 1, FireAt: m.now.Add(d)})
-		}
+		m.createWaiting(base, t)
+		m.waitTimeout(n)
 	default:
 		base.State = TaskPending
 		m.emit(base)
@@ -421,6 +482,18 @@ func evalError(err error) Error {
 		code = CodeValueTooLarge
 	}
 	return Error{Code: code, Message: err.Error()}
+}
+
+func (m *machine) createWaiting(base CreateTask, t *Task) {
+	base.State = TaskWaiting
+	m.emit(base)
+	t.State = TaskWaiting
+}
+
+func (m *machine) waitTimeout(n *dag.Node) {
+	if d := n.Wait.Timeout.Std(); d > 0 {
+		m.emit(ScheduleTimer{Kind: TimerWaitTimeout, NodeID: n.ID, Attempt: 1, FireAt: m.now.Add(d)})
+	}
 }
 
 func (m *machine) scheduleToStart(n *dag.Node, attempt int, dispatchedAt time.Time) {

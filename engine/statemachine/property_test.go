@@ -45,7 +45,7 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 		if len(deps) > 0 {
 			node["depends_on"] = deps
 		}
-		switch rapid.SampledFrom([]string{"noop", "noop", "noop", "sleep", "wait"}).Draw(t, "type") {
+		switch rapid.SampledFrom([]string{"noop", "noop", "noop", "sleep", "wait", "event"}).Draw(t, "type") {
 		case "noop":
 			node["type"] = "noop"
 			node["retry"] = map[string]any{"max_attempts": rapid.IntRange(1, 3).Draw(t, "attempts"), "backoff": "1s"}
@@ -62,15 +62,31 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 				w["timeout"] = "1h"
 			}
 			node["wait"] = w
+		case "event":
+			node["type"] = "wait"
+			w := map[string]any{"event": fmt.Sprintf("ev%d", rapid.IntRange(0, 1).Draw(t, "event"))}
+			switch rapid.IntRange(0, 2).Draw(t, "match") {
+			case 0: // keyed
+				w["match"] = "event.payload.k == input.key"
+			case 1: // keyed, with another term
+				w["match"] = "input.key == event.payload.k && event.payload.ok"
+			}
+			if rapid.Bool().Draw(t, "wait timeout") {
+				w["timeout"] = "1h"
+			}
+			node["wait"] = w
 		}
 		if rapid.IntRange(0, 3).Draw(t, "cond") == 0 {
 			f := fmt.Sprintf("f%d", i)
-			node["if"] = "input." + f
+			node["if"] = "input.flags." + f
 			flags[f] = rapid.Bool().Draw(t, "flag")
 		}
 		nodes = append(nodes, node)
 	}
 	def := map[string]any{"nodes": nodes}
+	if rapid.IntRange(0, 3).Draw(t, "cancel_on") == 0 {
+		def["cancel_on"] = []map[string]any{{"event": "stop", "match": "event.payload.k == input.key"}}
+	}
 	if rapid.IntRange(0, 4).Draw(t, "run timeout") == 0 {
 		def["timeout"] = "10h"
 	}
@@ -79,7 +95,7 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 	if err != nil {
 		t.Fatalf("generated an invalid workflow: %v\n%s", err, b)
 	}
-	in, _ := json.Marshal(flags)
+	in, _ := json.Marshal(map[string]any{"key": "k1", "flags": flags})
 	return wf, string(in)
 }
 
@@ -100,7 +116,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 		wf, input := genWorkflow(rt)
 		s := newSim(rt, wf, input)
 		var delivered []Event
-		signals := 0
+		signals, events := 0, 0
 		deliver := func(ev Event) Transition {
 			tr := s.step(ev)
 			if !tr.Ignored {
@@ -112,7 +128,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 
 		steps := rapid.IntRange(0, 60).Draw(rt, "steps")
 		for i := 0; i < steps; i++ {
-			switch rapid.IntRange(0, 10).Draw(rt, "what") {
+			switch rapid.IntRange(0, 11).Draw(rt, "what") {
 			case 0, 1, 2, 3: // a worker reports on an active task
 				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil {
 					if rapid.IntRange(0, 2).Draw(rt, "ok") > 0 {
@@ -124,8 +140,9 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			case 4: // a duplicate delivery of something already applied
 				if len(delivered) > 0 {
 					ev := rapid.SampledFrom(delivered).Draw(rt, "replay")
-					if _, isSignal := ev.(SignalReceived); isSignal {
-						continue // the coordinator drops repeated signal ids before Decide
+					switch ev.(type) {
+					case SignalReceived, EventReceived:
+						continue // the coordinator drops repeated signal ids, a publish repeated event ids, before Decide
 					}
 					if tr := s.step(ev); !tr.Ignored {
 						rt.Fatalf("re-applying %#v changed the run: %v", ev, kinds(tr))
@@ -162,6 +179,11 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil {
 					checkLeaseExpiry(rt, s, wf, t, deliver)
 				}
+			case 11: // a published event, maybe for another key
+				events++
+				e := dag.EventData{ID: fmt.Sprint("ev", events), Name: rapid.SampledFrom([]string{"ev0", "ev1", "stop"}).Draw(rt, "event name"),
+					Payload: json.RawMessage(fmt.Sprintf(`{"k":%q,"ok":%v}`, rapid.SampledFrom([]string{"k1", "k2"}).Draw(rt, "key"), rapid.Bool().Draw(rt, "ok")))}
+				deliverEvent(rt, s, e, deliver)
 			}
 			checkCompletesOnce(rt, s)
 		}
@@ -180,6 +202,11 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			case dag.TypeSleep:
 				deliver(TimerFired{Kind: TimerSleep, NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt})
 			case dag.TypeWait:
+				if n.IsEventWait() {
+					events++
+					deliverEvent(rt, s, dag.EventData{ID: fmt.Sprint("ev", events), Name: n.Wait.Event, Payload: json.RawMessage(`{"k":"k1","ok":true}`)}, deliver)
+					break
+				}
 				signals++
 				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: n.Wait.Signal, Payload: json.RawMessage(`{"approved":true}`)}})
 			default:
@@ -205,6 +232,44 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			}
 		}
 	})
+}
+
+// deliverEvent delivers a published event and checks that whatever it
+// resolved or cancelled was registered where the publish's index lookup
+// finds it (the index never hides a run the state machine would resume),
+// and that it resolved every waiting match.
+func deliverEvent(rt *rapid.T, s *sim, e dag.EventData, deliver func(Event) Transition) {
+	found := s.indexed(e)
+	waiting := map[string]bool{}
+	for id, t := range s.run.Tasks {
+		if t.State == TaskWaiting && s.wf.Node(id).IsEventWait() {
+			waiting[id] = true
+		}
+	}
+	tr := deliver(EventReceived{Event: e})
+	cancelled := false
+	for _, a := range tr.Actions {
+		switch a := a.(type) {
+		case CompleteTask:
+			if waiting[a.NodeID] && !found[a.NodeID] {
+				rt.Fatalf("event %+v resolved %s, which the index lookup would not find (registrations %+v)", e, a.NodeID, s.awaits)
+			}
+		case CancelRun:
+			cancelled = true
+		}
+	}
+	if cancelled && !found["cancel_on/0"] {
+		rt.Fatalf("event %+v cancelled the run through a cancel_on the index lookup would not find", e)
+	}
+	if !tr.Ignored && !cancelled {
+		for id := range waiting {
+			n := s.wf.Node(id)
+			scope := dag.Scope{Input: s.run.Input, Nodes: map[string]dag.NodeResult{}}
+			if ok, _ := n.MatchesEvent(scope, e); ok && s.run.Tasks[id].State == TaskWaiting {
+				rt.Fatalf("event %+v matched %s but left it waiting", e, id)
+			}
+		}
+	}
 }
 
 // checkLeaseExpiry delivers a lease expiry for t's attempt and checks what

@@ -21,6 +21,35 @@ type sim struct {
 	timers  []timer
 	history []Action
 	terms   int // terminal run actions seen
+	// awaits is the index of event waits as the persister keeps it: by
+	// node id, or "cancel_on/<i>".
+	awaits map[string]AwaitEvent
+}
+
+func awaitKey(a AwaitEvent) string {
+	if a.NodeID != "" {
+		return a.NodeID
+	}
+	return fmt.Sprint("cancel_on/", a.CancelOn)
+}
+
+// indexed lists the registrations a publish of e would look up: those on
+// its name that are unkeyed or whose key the event side gives.
+func (s *sim) indexed(e dag.EventData) map[string]bool {
+	out := map[string]bool{}
+	for k, a := range s.awaits {
+		if a.Name != e.Name {
+			continue
+		}
+		if a.KeyExpr == "" {
+			out[k] = true
+			continue
+		}
+		if v, err := dag.EventKeyValue(a.KeyExpr, e); err == nil && v == a.Key {
+			out[k] = true
+		}
+	}
+	return out
 }
 
 // failer is what sim needs of *testing.T and *rapid.T.
@@ -43,7 +72,8 @@ func newSim(t failer, wf *dag.Workflow, input string) *sim {
 	if input == "" {
 		input = "{}"
 	}
-	return &sim{t: t, wf: wf, now: epoch, run: &Run{ID: "run-1", Status: RunRunning, Input: json.RawMessage(input), Tasks: map[string]*Task{}}}
+	return &sim{t: t, wf: wf, now: epoch, run: &Run{ID: "run-1", Status: RunRunning, Input: json.RawMessage(input), Tasks: map[string]*Task{}},
+		awaits: map[string]AwaitEvent{}}
 }
 
 // step decides ev, checks that Decide left its input alone, and persists
@@ -118,18 +148,31 @@ func (s *sim) persist(a Action) {
 	case CompleteTask:
 		t := s.guard(a.NodeID, a.TaskID, a.Attempt)
 		t.State, t.Output = TaskCompleted, a.Output
+		delete(s.awaits, a.NodeID)
 	case RetryTask:
 		t := s.guard(a.NodeID, a.TaskID, a.Attempt)
 		t.State, t.Attempt, t.Error = TaskPending, t.Attempt+1, &a.Error
 	case FailTask:
 		t := s.guard(a.NodeID, a.TaskID, a.Attempt)
 		t.State, t.Error = TaskFailed, &a.Error
+		delete(s.awaits, a.NodeID)
 	case CancelTask:
 		t := s.task(a.NodeID)
 		if !t.State.Active() {
 			s.t.Fatalf("cancel of %s which is %s", a.NodeID, t.State)
 		}
 		t.State = TaskCancelled
+		delete(s.awaits, a.NodeID)
+	case AwaitEvent:
+		if a.NodeID != "" {
+			if t := s.task(a.NodeID); t.State != TaskWaiting || !s.wf.Node(a.NodeID).IsEventWait() {
+				s.t.Fatalf("await_event for %s, which is %s", a.NodeID, t.State)
+			}
+		}
+		if _, dup := s.awaits[awaitKey(a)]; dup {
+			s.t.Fatalf("second registration of %s", awaitKey(a))
+		}
+		s.awaits[awaitKey(a)] = a
 	case ResetNode:
 		delete(s.run.Tasks, a.NodeID)
 	case RecordSignal:
@@ -149,6 +192,7 @@ func (s *sim) persist(a Action) {
 			s.t.Fatalf("second terminal action %#v on a %s run", a, s.run.Status)
 		}
 		s.terms++
+		clear(s.awaits)
 		switch a.(type) {
 		case CompleteRun:
 			s.run.Status = RunCompleted

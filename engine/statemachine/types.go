@@ -176,6 +176,12 @@ type TimerFired struct {
 // repeats of the same signal id).
 type SignalReceived struct{ Signal Signal }
 
+// EventReceived delivers a published event to a running run: it cancels
+// the run when a cancel_on entry matches, and otherwise resolves every
+// waiting event wait it matches. An event that matches nothing is ignored
+// (events are not kept for waits not yet reached).
+type EventReceived struct{ Event dag.EventData }
+
 // CancelRequested cancels the run.
 type CancelRequested struct{ Reason string }
 
@@ -192,6 +198,7 @@ const (
 	KindLeaseExpired    = "lease_expired"
 	KindTimerFired      = "timer_fired"
 	KindSignalReceived  = "signal_received"
+	KindEventReceived   = "event_received"
 	KindCancelRequested = "cancel_requested"
 	KindRerunRequested  = "rerun_requested"
 )
@@ -202,6 +209,7 @@ func (NodeFailed) eventKind() string      { return KindNodeFailed }
 func (LeaseExpired) eventKind() string    { return KindLeaseExpired }
 func (TimerFired) eventKind() string      { return KindTimerFired }
 func (SignalReceived) eventKind() string  { return KindSignalReceived }
+func (EventReceived) eventKind() string   { return KindEventReceived }
 func (CancelRequested) eventKind() string { return KindCancelRequested }
 func (RerunRequested) eventKind() string  { return KindRerunRequested }
 
@@ -302,6 +310,19 @@ type ConsumeSignal struct {
 	NodeID   string
 }
 
+// AwaitEvent registers what the run waits for in the index of waits a
+// publish looks up: an event wait node that started waiting (NodeID set)
+// or a cancel_on entry (CancelOn its position, NodeID empty), with the key
+// its match needs (KeyExpr and Key "" when unkeyed). The registration
+// lasts while the node waits and, for cancel_on, while the run runs.
+type AwaitEvent struct {
+	NodeID   string
+	CancelOn int
+	Name     string
+	KeyExpr  string
+	Key      string
+}
+
 // CompleteRun ends the run successfully.
 type CompleteRun struct{ Output json.RawMessage }
 
@@ -324,6 +345,7 @@ func (CancelTask) actionKind() string    { return "cancel_task" }
 func (ResetNode) actionKind() string     { return "reset_node" }
 func (RecordSignal) actionKind() string  { return "record_signal" }
 func (ConsumeSignal) actionKind() string { return "consume_signal" }
+func (AwaitEvent) actionKind() string    { return "await_event" }
 func (CompleteRun) actionKind() string   { return "complete_run" }
 func (FailRun) actionKind() string       { return "fail_run" }
 func (CancelRun) actionKind() string     { return "cancel_run" }

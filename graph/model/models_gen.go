@@ -287,16 +287,22 @@ const (
 	EventRunOutcomeStarted EventRunOutcome = "STARTED"
 	// Admission refused the start (rate, queued-task limit, spend cap), the workflow refused its input, or the trigger's condition failed on the event.
 	EventRunOutcomeRefused EventRunOutcome = "REFUSED"
+	// The event resolved an event wait of a running run.
+	EventRunOutcomeResumed EventRunOutcome = "RESUMED"
+	// A cancel_on entry of a running run matched the event: the run was cancelled.
+	EventRunOutcomeCancelled EventRunOutcome = "CANCELLED"
 )
 
 var AllEventRunOutcome = []EventRunOutcome{
 	EventRunOutcomeStarted,
 	EventRunOutcomeRefused,
+	EventRunOutcomeResumed,
+	EventRunOutcomeCancelled,
 }
 
 func (e EventRunOutcome) IsValid() bool {
 	switch e {
-	case EventRunOutcomeStarted, EventRunOutcomeRefused:
+	case EventRunOutcomeStarted, EventRunOutcomeRefused, EventRunOutcomeResumed, EventRunOutcomeCancelled:
 		return true
 	}
 	return false

@@ -6,14 +6,16 @@ import (
 )
 
 // Event is an event as the API answers it: Composer's id (Id), the
-// publisher's (EventId), and what it did to each workflow a trigger of
-// which matched it (Runs: STARTED with the run id, or REFUSED with an
-// error code and message).
+// publisher's (EventId), and what it did (Runs): to each workflow a trigger
+// of which matched it, STARTED with the run id or REFUSED with an error
+// code and message; to each running run whose event wait or cancel_on it
+// matched, RESUMED or CANCELLED with the run id.
 type Event = EventFields
 
-// PublishEvent publishes an event: the server records it and starts every
-// workflow whose latest version has a trigger matching it, in one
-// transaction. id is the event's dedupe key in the tenant: publishing it
+// PublishEvent publishes an event: the server records it, resumes the
+// runs waiting for it (wait.event with a matching wait.match), cancels the
+// runs whose cancel_on it matches and starts every workflow whose latest
+// version has a trigger matching it, in one transaction. id is the event's dedupe key in the tenant: publishing it
 // again (after a timeout, say) answers the event recorded first with
 // created false and starts nothing; the same id with another name or
 // payload is a CONFLICT. payload is a value encoded as a JSON object (or a

@@ -101,7 +101,8 @@ type EventFields struct {
 	Name       string          `json:"name"`
 	Payload    json.RawMessage `json:"payload"`
 	ReceivedAt time.Time       `json:"receivedAt"`
-	// What the event did to each workflow a trigger of which matched it, by workflow id.
+	// What the event did: to each workflow a trigger of which matched it (STARTED
+	// or REFUSED), then to each running run it resumed or cancelled; by workflow id.
 	Runs []EventFieldsRunsEventRun `json:"runs"`
 }
 
@@ -127,7 +128,7 @@ func (v *EventFields) GetRuns() []EventFieldsRunsEventRun { return v.Runs }
 type EventFieldsRunsEventRun struct {
 	WorkflowId string          `json:"workflowId"`
 	Outcome    EventRunOutcome `json:"outcome"`
-	// The run it started (null when refused).
+	// The run it started, resumed or cancelled (null when refused).
 	RunId *string `json:"runId"`
 	// Why the start was refused: an error code (QUOTA_EXCEEDED, BAD_USER_INPUT, ...) and message.
 	ErrorCode    *string `json:"errorCode"`
@@ -155,11 +156,17 @@ const (
 	EventRunOutcomeStarted EventRunOutcome = "STARTED"
 	// Admission refused the start (rate, queued-task limit, spend cap), the workflow refused its input, or the trigger's condition failed on the event.
 	EventRunOutcomeRefused EventRunOutcome = "REFUSED"
+	// The event resolved an event wait of a running run.
+	EventRunOutcomeResumed EventRunOutcome = "RESUMED"
+	// A cancel_on entry of a running run matched the event: the run was cancelled.
+	EventRunOutcomeCancelled EventRunOutcome = "CANCELLED"
 )
 
 var AllEventRunOutcome = []EventRunOutcome{
 	EventRunOutcomeStarted,
 	EventRunOutcomeRefused,
+	EventRunOutcomeResumed,
+	EventRunOutcomeCancelled,
 }
 
 type PublishEventInput struct {
@@ -2089,7 +2096,7 @@ func (v *listEventsEventsEventConnectionPageInfo) GetEndCursor() *string { retur
 // listEventsResponse is returned by listEvents on success.
 type listEventsResponse struct {
 	// The tenant's events, newest first, optionally only those of one name,
-	// each with the runs it started. Needs runs:read.
+	// each with the runs it started, resumed or cancelled. Needs runs:read.
 	Events listEventsEventsEventConnection `json:"events"`
 }
 
@@ -2734,9 +2741,13 @@ func (v *publishEventPublishEventPublishEventPayloadEvent) __premarshalJSON() (*
 
 // publishEventResponse is returned by publishEvent on success.
 type publishEventResponse struct {
-	// Publishes an event: records it and starts every workflow whose latest
-	// version has a trigger matching it, all in one transaction (the event is
-	// never recorded without its runs, nor runs started without the event).
+	// Publishes an event: records it, resumes every running run with an event
+	// wait it matches (a wait node with wait.event and wait.match), cancels every
+	// running run with a cancel_on entry it matches, and starts every workflow
+	// whose latest version has a trigger matching it, all in one transaction (the
+	// event is never recorded without what it did, nor anything done without
+	// the event). An event resumes or cancels at most 1,000 runs, the oldest
+	// first; only runs already waiting when it is published see it.
 	// Each start is admitted like startRun's; one admission refuses is recorded
 	// as REFUSED with its code, and the others start. Publishing an id again
 	// answers the event recorded first (created: false) and starts nothing; the
