@@ -20,6 +20,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/testenv"
 )
 
 func randomValue(prefix string) string {
@@ -34,7 +35,7 @@ func randomValue(prefix string) string {
 // (and the one it replaced) in every text, json and bytea column of every
 // table of the database (the sealed column excepted: ciphertext), every
 // log line the system wrote and every GraphQL answer of the run's life.
-// It is found only where it was sent: at the receiver.
+// It is found only where it was sent: at the receiver (and in no Redis key).
 func TestASecretLeavesNoTraceInARun(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
@@ -150,10 +151,45 @@ func TestASecretLeavesNoTraceInARun(t *testing.T) {
 			assert.NotContains(t, string(line), v, "a log line holds the secret: %s", line)
 		}
 	}
+	for _, v := range []string{old, current} {
+		assert.Empty(t, grepRedis(t, sys, v), "Redis keys holding the secret")
+	}
 	found := grepDatabase(t, sys, []string{old, current, orderID})
 	assert.Empty(t, found[old], "columns holding the replaced value")
 	assert.Empty(t, found[current], "columns holding the value")
 	assert.Contains(t, strings.Join(found[orderID], " "), "workflow_runs_", "the grep finds what is there (the run's input, in its partition)")
+}
+
+// grepRedis lists the test's Redis keys whose value holds needle
+// (streams carry references, never data; this checks it).
+func grepRedis(t *testing.T, sys *apptest.System, needle string) []string {
+	ctx := context.Background()
+	keys, err := testenv.Keys(ctx, sys.Env.Redis, sys.Env.Namespace+"*")
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	rdb := sys.Env.Redis
+	var out []string
+	for _, k := range keys {
+		var content string
+		switch typ, _ := rdb.Type(ctx, k).Result(); typ {
+		case "string":
+			content, _ = rdb.Get(ctx, k).Result()
+		case "hash":
+			content = fmt.Sprint(rdb.HGetAll(ctx, k).Val())
+		case "stream":
+			content = fmt.Sprint(rdb.XRange(ctx, k, "-", "+").Val())
+		case "zset":
+			content = fmt.Sprint(rdb.ZRange(ctx, k, 0, -1).Val())
+		case "set":
+			content = fmt.Sprint(rdb.SMembers(ctx, k).Val())
+		case "list":
+			content = fmt.Sprint(rdb.LRange(ctx, k, 0, -1).Val())
+		}
+		if strings.Contains(content, needle) || strings.Contains(k, needle) {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // grepDatabase lists, per needle, the table.column of every row that
