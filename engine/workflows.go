@@ -258,8 +258,8 @@ func parts(ps []dag.Part) []taskapi.Part {
 const MaskedValue = "********"
 
 // MaskHeaders returns a stored definition with every HTTP step header
-// value replaced by MaskedValue (the names stay), for readers who may not
-// change the workflow. A definition that does not decode is returned
+// and query parameter value replaced by MaskedValue (the names stay), for
+// readers who may not change the workflow. A definition that does not decode is returned
 // masked whole.
 func MaskHeaders(def json.RawMessage) json.RawMessage {
 	var d map[string]any
@@ -270,9 +270,11 @@ func MaskHeaders(def json.RawMessage) json.RawMessage {
 	for _, n := range nodes {
 		node, _ := n.(map[string]any)
 		h, _ := node["http"].(map[string]any)
-		headers, _ := h["headers"].(map[string]any)
-		for k := range headers {
-			headers[k] = MaskedValue
+		for _, field := range []string{"headers", "query"} {
+			values, _ := h[field].(map[string]any)
+			for k := range values {
+				values[k] = MaskedValue
+			}
 		}
 	}
 	out, err := json.Marshal(d)

@@ -945,7 +945,8 @@ func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 		CreateWorkflow struct{ Workflow struct{ ID string } }
 	}
 	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "secretive", definition: {nodes: [
-		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer sk_live_123"}}}]}}) { workflow { id } } }`,
+		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer sk_live_123"},
+		 query: {api_key: "sk_live_456"}}}]}}) { workflow { id } } }`,
 		nil).Decode(t, &created)
 	var key struct{ CreateApiKey struct{ Secret string } }
 	sys.GraphQL(a.owner, `mutation { createApiKey(input: {name: "ro", scopes: ["workflows:read"]}) { secret } }`, nil).Decode(t, &key)
@@ -955,7 +956,9 @@ func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 		res := sys.GraphQL(cred, q, vars)
 		require.Empty(t, res.Errors, name)
 		assert.NotContains(t, string(res.Data), "sk_live_123", "%s sees no header value", name)
+		assert.NotContains(t, string(res.Data), "sk_live_456", "%s sees no query value", name)
 		assert.Contains(t, string(res.Data), "Authorization", "%s sees the header's name", name)
+		assert.Contains(t, string(res.Data), "api_key", "%s sees the parameter's name", name)
 	}
 	res := sys.GraphQL(a.developer, q, vars)
 	require.Empty(t, res.Errors)
