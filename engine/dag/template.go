@@ -32,8 +32,9 @@ import (
 //
 // A segment's value is a string, number or boolean (null is empty, and
 // leaves a query parameter out). In the url, values are percent-escaped
-// for where they land — a path segment (so "a/b" stays one segment) or the
-// query — and segments may only appear after the host: the scheme, host
+// for where they land — a path segment (so "a/b" stays one segment, and
+// ".." is no dot segment) or the query — and segments may only appear
+// after the host: the scheme, host
 // and port are literal.
 
 // Bounds of templates and of what they render (input can be large).
@@ -275,6 +276,10 @@ func EvalSecretPart(p Part, secrets map[string]string) (string, error) {
 func escapeAs(s, how string) string {
 	switch how {
 	case EscapePath:
+		if s == "." || s == ".." {
+			// A dot segment would move the request up the path.
+			return strings.Repeat("%2E", len(s))
+		}
 		return url.PathEscape(s)
 	case EscapeQuery:
 		return url.QueryEscape(s)

@@ -50,6 +50,22 @@ func TestTemplatesRenderInputNodesAndKeepSecrets(t *testing.T) {
 	assert.NotContains(t, err.Error(), "sekrit-value")
 }
 
+func TestInputCannotLeaveItsPathSegment(t *testing.T) {
+	n := MustParse(`{"nodes": [{"id": "a", "type": "http", "http": {"url": "https://x.example/v1/users/{{ input.id }}/orders?x={{ input.id }}"}}]}`).Node("a")
+	for in, want := range map[string]string{
+		"..":            "https://x.example/v1/users/%2E%2E/orders?x=..",
+		".":             "https://x.example/v1/users/%2E/orders?x=.",
+		"../../admin":   "https://x.example/v1/users/..%2F..%2Fadmin/orders?x=..%2F..%2Fadmin",
+		"1?admin=true#": "https://x.example/v1/users/1%3Fadmin=true%23/orders?x=1%3Fadmin%3Dtrue%23",
+		"a.json":        "https://x.example/v1/users/a.json/orders?x=a.json",
+	} {
+		b, _ := json.Marshal(map[string]string{"id": in})
+		r, err := n.EvalRequest(Scope{Input: b})
+		require.NoError(t, err)
+		assert.Equal(t, want, r.URL.Text, in)
+	}
+}
+
 func TestUntemplatedRequestsStayAsWritten(t *testing.T) {
 	w := MustParse(`{"nodes": [{"id": "a", "type": "http", "http": {"method": "DELETE", "url": "https://x.example/a?b=1",
 		"query": {"c": "2"}, "headers": {"K": "v"}}}]}`)
