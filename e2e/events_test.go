@@ -142,23 +142,11 @@ func TestAcceptedEventsSurviveASIGKILLedServer(t *testing.T) {
 // still waits, and each event lists what it did.
 func TestEventsResumeAndCancelRunsOfARealServer(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
-	sys := apptest.StartWith(t, env)
+	sys := apptest.StartWith(t, testenv.New(t))
 	ctx := context.Background()
-	bin := apptest.Binary(t)
-	addr := freeAddr(t)
-	server := &proc{name: "server", args: []string{"server"}, env: append(sys.ProcessEnv(), "COMPOSER_HTTP_ADDR="+addr)}
-	server.start(t, bin)
-	defer server.kill()
-	base := "http://" + addr
+	base, c := startServer(t, sys, false)
 	key := sys.APIKey(auth.ScopeAdmin)
-	c, err := client.New(base, key)
-	require.NoError(t, err)
-	apptest.Eventually(t, "the server to answer", 30*time.Second, func() bool {
-		_, err := c.Workers(ctx)
-		return err == nil
-	})
-	_, _, err = c.CreateWorkflow(ctx, "fulfil", json.RawMessage(`{
+	_, _, err := c.CreateWorkflow(ctx, "fulfil", json.RawMessage(`{
 		"cancel_on": [{"event": "order.cancelled", "match": "event.payload.order == input.order"}],
 		"output": {"paid": "nodes.paid.output.payload.amount"},
 		"nodes": [{"id": "paid", "type": "wait", "wait": {"event": "order.paid", "match": "event.payload.order == input.order", "timeout": "1h"}}]}`))

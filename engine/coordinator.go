@@ -50,6 +50,9 @@ type Options struct {
 	// is written, whether the tenant may start it (quotas, spend caps); its
 	// error is returned as is and nothing is written.
 	Admit func(ctx context.Context, tx *pg.Tx) error
+	// BulkWake, when set, is called after a commit that created a bulk
+	// operation, so a bulk runner in the same process starts it at once.
+	BulkWake func()
 	// Slots, when set, enforces each tenant's running-task quota when leases
 	// are granted (see SlotGate); without it there is no such quota.
 	Slots SlotGate
@@ -194,6 +197,9 @@ type StartRun struct {
 	// override the keys the workflow's own metadata mapping derives from
 	// the input.
 	Metadata map[string]string
+
+	// parent is set for the child run a workflow node starts (child.go).
+	parent *parentLink
 }
 
 // Started is StartRun's answer.
@@ -249,9 +255,16 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 	var out Started
 	var tr sm.Transition
 	err := func() error {
-		wid, version, err := resolveWorkflow(ctx, tx, req)
+		wid, version, paused, err := resolveWorkflow(ctx, tx, req)
 		if err != nil {
 			return err
+		}
+		if paused {
+			// See pause.go: the lock makes a resume wait for this start (or
+			// this start see the resume), so no queued run is left behind.
+			if paused, err = lockPausedWorkflow(ctx, tx, wid); err != nil {
+				return err
+			}
 		}
 		runID := uuid.Must(uuid.NewV7())
 		if req.IdempotencyKey != "" {
@@ -302,8 +315,19 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		if err != nil {
 			return err
 		}
+		var parentRun, parentTask *uuid.UUID
+		var parentNode *string
+		depth := 0
+		if l := req.parent; l != nil {
+			parentRun, parentTask, parentNode, depth = &l.run, &l.task, &l.node, l.depth
+		}
+		status := sm.RunRunning
+		if paused {
+			status = RunQueued
+		}
 		err = tx.QueryRow(ctx, qInsertRun,
-			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta)).Scan(&now)
+			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta),
+			parentRun, parentTask, parentNode, depth, string(status)).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -317,6 +341,10 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 				return fmt.Errorf("insert run metadata: %w", err)
 			}
 		}
+		if paused {
+			out, err = c.queueRun(ctx, tx, runID, open)
+			return err
+		}
 		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
 		tr = sm.Decide(def.wf, run, sm.RunStarted{}, now)
 		if tr.Ignored {
@@ -326,7 +354,7 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			return err // the input would be amplified past the bound: refuse the start, write nothing
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open}
+			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open, parent: req.parent, depth: depth}
 		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
 			return err
 		}
@@ -399,32 +427,35 @@ func normalizeInput(in json.RawMessage) (json.RawMessage, error) {
 	return in, nil
 }
 
-func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, int, error) {
+// resolveWorkflow finds the workflow and version a start names, and
+// whether the workflow is paused.
+func resolveWorkflow(ctx context.Context, tx *pg.Tx, req StartRun) (uuid.UUID, int, bool, error) {
 	var id uuid.UUID
 	var latest int
+	var paused bool
 	var err error
 	switch {
 	case req.WorkflowID != uuid.Nil:
-		err = tx.QueryRow(ctx, qWorkflowByID, tx.Tenant, req.WorkflowID).Scan(&id, &latest)
+		err = tx.QueryRow(ctx, qWorkflowByID, tx.Tenant, req.WorkflowID).Scan(&id, &latest, &paused)
 	case req.WorkflowName != "":
-		err = tx.QueryRow(ctx, qWorkflowByName, tx.Tenant, req.WorkflowName).Scan(&id, &latest)
+		err = tx.QueryRow(ctx, qWorkflowByName, tx.Tenant, req.WorkflowName).Scan(&id, &latest, &paused)
 	default:
-		return uuid.Nil, 0, errs.E(errs.Invalid, "name a workflow by id or name")
+		return uuid.Nil, 0, false, errs.E(errs.Invalid, "name a workflow by id or name")
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return uuid.Nil, 0, errs.E(errs.NotFound, "workflow not found")
+		return uuid.Nil, 0, false, errs.E(errs.NotFound, "workflow not found")
 	}
 	if err != nil {
-		return uuid.Nil, 0, fmt.Errorf("resolve workflow: %w", err)
+		return uuid.Nil, 0, false, fmt.Errorf("resolve workflow: %w", err)
 	}
 	v := req.Version
 	if v == 0 {
 		v = latest
 	}
 	if v > latest {
-		return uuid.Nil, 0, errs.E(errs.NotFound, "workflow version %d not found (latest is %d)", v, latest)
+		return uuid.Nil, 0, false, errs.E(errs.NotFound, "workflow version %d not found (latest is %d)", v, latest)
 	}
-	return id, v, nil
+	return id, v, paused, nil
 }
 
 // requestHash identifies what an idempotent start asked for.
@@ -645,7 +676,12 @@ func (c *Coordinator) CancelRun(ctx context.Context, tenant, runID uuid.UUID, re
 	if len(reason) > 1000 {
 		reason = reason[:1000]
 	}
-	return c.apply(ctx, tenant, runID, eventRef{}, func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
+		// A queued run (its workflow paused) has no tasks: it is made
+		// running in this transaction so the machine cancels it as any run.
+		if err := unqueue(ctx, tx, run); err != nil {
+			return nil, err
+		}
 		return sm.CancelRequested{Reason: reason}, nil
 	})
 }
@@ -717,12 +753,16 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 		var kind, node string
 		var task *uuid.UUID
 		var attempt *int
-		err := tx.QueryRow(ctx, qTakeTimer, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt)
+		var detail []byte
+		err := tx.QueryRow(ctx, qTakeTimer, tx.Tenant, timerID, runID).Scan(&kind, &node, &task, &attempt, &detail)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, ignored("timer %d already fired", timerID)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("take timer: %w", err)
+		}
+		if kind == timerChildFinished || kind == timerParentCancelled {
+			return childEvent(ctx, tx, tx.Tenant, runID, kind, node, task, detail)
 		}
 		ev := sm.TimerFired{Kind: sm.TimerKind(kind), NodeID: node}
 		if task != nil {
@@ -841,9 +881,16 @@ func (c *Coordinator) apply(ctx context.Context, tenant, runID uuid.UUID, ref ev
 // publish delivers to several runs in its one transaction).
 func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, ref eventRef,
 	prepare func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error), open bool) (Ack, error) {
-	row, run, err := loadRun(ctx, tx, runID)
+	pausable := ""
+	if ref.eager != nil {
+		pausable = ref.eager.Queue
+	}
+	row, run, err := loadRun(ctx, tx, runID, pausable)
 	if err != nil {
 		return Ack{}, err
+	}
+	if row.queuePaused {
+		ref.eager = nil // a paused queue's task waits in the outbox (pause.go)
 	}
 	def, err := c.defs.load(ctx, tx, row.workflowID, row.version)
 	if err != nil {
@@ -875,7 +922,8 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 		return ack, ignoredError{tr.Reason}
 	}
 	p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open}
+		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open,
+		parent: row.parent, depth: row.depth}
 	for id, t := range run.Tasks {
 		p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 	}
@@ -893,21 +941,38 @@ type runRow struct {
 	workflowID uuid.UUID
 	version    int
 	now        time.Time
+	parent     *parentLink
+	depth      int
 	// started is when each running task's lease was granted, by node.
 	started map[string]time.Time
+	// queuePaused reports that the queue loadRun was asked about is paused.
+	queuePaused bool
 }
 
 // loadRun locks the run row and reads its tasks in one round trip (with the
 // transaction's BEGIN and tenant setting).
 // The lock is an UPDATE (FOR NO KEY UPDATE), which serialises events of one
 // run without blocking the foreign-key checks of task and event inserts.
-func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID) (runRow, *sm.Run, error) {
+// With queue set it also reads, in the same round trip, whether that queue
+// is paused (an eager offer's).
+func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (runRow, *sm.Run, error) {
 	b := &pgx.Batch{}
 	var row runRow
 	var status string
 	var input []byte
+	var parentRun, parentTask *uuid.UUID
+	var parentNode *string
 	b.Queue(qLockRun, tx.Tenant, runID).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&row.workflowID, &row.version, &status, &input, &row.now) })
+		QueryRow(func(r pgx.Row) error {
+			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth)
+			if err == nil && parentRun != nil && parentTask != nil && parentNode != nil {
+				row.parent = &parentLink{run: *parentRun, task: *parentTask, node: *parentNode, depth: row.depth}
+			}
+			return err
+		})
+	if queue != "" {
+		b.Queue(qQueuePaused, tx.Tenant, queue).QueryRow(func(r pgx.Row) error { return r.Scan(&row.queuePaused) })
+	}
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	row.started = map[string]time.Time{}
 	b.Queue(qRunTasks, tx.Tenant, runID).
@@ -1005,7 +1070,7 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUI
 		if dispatched && c.opts.Wake != nil {
 			c.opts.Wake()
 		}
-		if timers && c.opts.WakeTimers != nil {
+		if (timers || p.wakeTimers) && c.opts.WakeTimers != nil {
 			c.opts.WakeTimers()
 		}
 		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal)

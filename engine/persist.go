@@ -46,6 +46,15 @@ type persister struct {
 	// among others in one publish's transaction) instead of committing
 	// with its last batch.
 	open bool
+	// parent is the task that started this run, when it is a child run;
+	// depth its nesting (0 at the top).
+	parent *parentLink
+	depth  int
+	// children are the child runs this transition started, by node.
+	children map[string]uuid.UUID
+	// wakeTimers asks the timer loop to look now (a crossing timer between
+	// a parent and a child was inserted).
+	wakeTimers bool
 
 	b pgx.Batch
 }
@@ -147,12 +156,9 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			if !a.State.Active() {
 				finishedAt = &p.now
 			}
-			var config []byte
-			if cfg, ok := p.def.config[a.NodeID]; ok {
-				config = cfg
-			}
+			config := p.def.configOf(a.NodeID)
 			if a.Request != nil {
-				config = nodeConfig(p.def.wf.Node(a.NodeID), a.Request)
+				config = nodeConfig(p.def.stepOf(a.NodeID), a.Request)
 			}
 			if a.NodeID == p.eagerNode {
 				// Created already leased to the reporting worker: the
@@ -215,6 +221,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			p.guarded("cancelling "+a.NodeID, qCancelTask,
 				tenant, p.runID, t.id)
 			p.stopAwaiting(a.NodeID, t.id)
+			p.cancelChild(a.NodeID, t.id)
 		case sm.ResetNode:
 			t := p.task(a.NodeID)
 			p.exec(qDeleteTaskTimers, tenant, p.runID, t.id)
@@ -225,6 +232,10 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				tenant, p.runID, a.Signal.ID, a.Signal.Name, jsonOrEmpty(a.Signal.Payload), a.ConsumedBy)
 		case sm.ConsumeSignal:
 			p.guarded("consuming signal "+a.SignalID, qConsumeSignal, tenant, p.runID, a.SignalID, a.NodeID)
+		case sm.StartChild:
+			if err := p.startChild(ctx, a); err != nil {
+				return err
+			}
 		case sm.AwaitEvent:
 			var task *uuid.UUID
 			var node *string
@@ -249,6 +260,9 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		}
 	}
 	d := timelineDetail(ev, tr)
+	if len(p.children) > 0 {
+		d["children"] = p.children
+	}
 	if report != nil {
 		// Who ran the attempt, and since when: the audit trail of usage.
 		d["worker"], d["started_at"] = report.Worker, report.StartedAt
@@ -369,6 +383,7 @@ func (p *persister) finishRun(status string, output, errDoc []byte) {
 	if p.def.wf.HasEventWaits() {
 		p.exec(qDeleteRunEventWaits, p.tx.Tenant, p.runID)
 	}
+	p.childEnded()
 }
 
 // stopAwaiting drops the registration of an event wait whose task ends.
@@ -425,6 +440,8 @@ func timelineDetail(ev sm.Event, tr sm.Transition) map[string]any {
 		d["signal"] = map[string]string{"id": e.Signal.ID, "name": e.Signal.Name}
 	case sm.EventReceived:
 		d["event"] = map[string]string{"id": e.Event.ID, "name": e.Event.Name}
+	case sm.ChildFinished:
+		d["child"] = map[string]any{"run_id": e.ChildID, "status": e.Status}
 	case sm.CancelRequested:
 		d["reason"] = e.Reason
 	}
@@ -458,6 +475,8 @@ func timelineDetail(ev sm.Event, tr sm.Transition) map[string]any {
 			m["signal"], m["consumed_by"] = a.Signal.Name, a.ConsumedBy
 		case sm.ConsumeSignal:
 			m["node"] = a.NodeID
+		case sm.StartChild:
+			m["node"], m["workflow"] = a.NodeID, a.Workflow
 		case sm.AwaitEvent:
 			m["event"] = a.Name
 			if a.NodeID != "" {

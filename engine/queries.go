@@ -32,6 +32,10 @@ type RunView struct {
 	CreatedAt       time.Time         `json:"created_at"`
 	UpdatedAt       time.Time         `json:"updated_at"`
 	FinishedAt      *time.Time        `json:"finished_at,omitempty"`
+	// ParentRunID and ParentNode name the run and node that started this
+	// one, for a child run.
+	ParentRunID *uuid.UUID `json:"parent_run_id,omitempty"`
+	ParentNode  *string    `json:"parent_node,omitempty"`
 	// Snapshot, when set, holds the run's tasks and workflow as read with
 	// it (a live update read once and given to every subscriber): readers
 	// use them rather than loading their own.
@@ -63,14 +67,17 @@ type TaskView struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	StartedAt   *time.Time      `json:"started_at,omitempty"`
 	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
+	// ChildRunID is the child run a workflow task (or map element) started.
+	ChildRunID *uuid.UUID `json:"child_run_id,omitempty"`
 }
 
-const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata`
+const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata,
+	parent_run_id, parent_node`
 
 func scanRun(row pgx.Row) (RunView, error) {
 	var r RunView
 	err := row.Scan(&r.ID, &r.WorkflowID, &r.WorkflowVersion, &r.Status, &r.Input, &r.Output, &r.Error, &r.IdempotencyKey,
-		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata)
+		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode)
 	return r, err
 }
 
@@ -86,8 +93,10 @@ func GetRun(ctx context.Context, tx *pg.Tx, id uuid.UUID) (RunView, error) {
 	return r, nil
 }
 
-const taskColumns = `id, run_id, node_id, node_type, queue, config->'task'->>'handler', state, attempt, max_attempts, input, output, last_error,
-	skip_reason, created_at, started_at, finished_at`
+const taskColumns = `t.id, t.run_id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler', t.state, t.attempt, t.max_attempts, t.input,
+	t.output, t.last_error, t.skip_reason, t.created_at, t.started_at, t.finished_at,
+	CASE WHEN t.node_type = 'workflow' THEN (SELECT c.id FROM workflow_runs c
+	  WHERE c.tenant_id = t.tenant_id AND c.parent_run_id = t.run_id AND c.parent_task_id = t.id ORDER BY c.id DESC LIMIT 1) END`
 
 // TasksOfRuns reads the tasks of the given runs, in creation order.
 func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, error) {
@@ -98,7 +107,7 @@ func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, 
 	var out []TaskView
 	var t TaskView
 	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.RunID, &t.NodeID, &t.NodeType, &t.Queue, &t.Handler, &t.State, &t.Attempt, &t.MaxAttempts,
-		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt}, func() error {
+		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.ChildRunID}, func() error {
 		c := t
 		out = append(out, c)
 		return nil
@@ -120,6 +129,26 @@ type RunFilter struct {
 	// Metadata keeps runs whose metadata has each of these key/value pairs
 	// (at most MaxMetadataFilters).
 	Metadata map[string]string
+	// OldestFirst lists in creation order; after is then the run id the
+	// listing continues after (a bulk operation's cursor).
+	OldestFirst bool
+}
+
+// checkRunFilter is the BAD_USER_INPUT of a filter ListRuns would refuse.
+func checkRunFilter(f RunFilter) error {
+	for _, s := range f.Statuses {
+		switch s {
+		case "queued", "running", "completed", "failed", "cancelled":
+		default:
+			return errs.E(errs.Invalid, "unknown status %q", s)
+		}
+	}
+	if len(f.Metadata) > 0 {
+		if err := checkMetadata("filter.metadata", f.Metadata, MaxMetadataFilters); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // MaxPage bounds one page of a listing.
@@ -131,74 +160,10 @@ func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uui
 	if first < 1 || first > MaxPage {
 		return nil, false, errs.E(errs.Invalid, "first must be between 1 and %d", MaxPage)
 	}
-	for _, s := range f.Statuses {
-		switch s {
-		case "running", "completed", "failed", "cancelled":
-		default:
-			return nil, false, errs.E(errs.Invalid, "unknown status %q", s)
-		}
+	if err := checkRunFilter(f); err != nil {
+		return nil, false, err
 	}
-	if len(f.Metadata) > 0 {
-		if err := checkMetadata("filter.metadata", f.Metadata, MaxMetadataFilters); err != nil {
-			return nil, false, err
-		}
-	}
-	args := []any{tx.Tenant}
-	arg := func(v any) string {
-		args = append(args, v)
-		return fmt.Sprintf("$%d", len(args))
-	}
-	// conds bound the run; ranges bound the id order column (the run's id,
-	// or with a metadata filter the driving metadata row's run id).
-	var conds, ranges []string
-	order := "r.id"
-	var meta []string
-	if len(f.Metadata) > 0 {
-		order = "m.run_id"
-		keys := slices.Sorted(maps.Keys(f.Metadata))
-		meta = append(meta, "m.tenant_id = $1", "m.key = "+arg(keys[0]), "m.value = "+arg(f.Metadata[keys[0]]))
-		for _, k := range keys[1:] {
-			meta = append(meta, "EXISTS (SELECT 1 FROM run_metadata x WHERE x.tenant_id = $1 AND x.key = "+arg(k)+
-				" AND x.value = "+arg(f.Metadata[k])+" AND x.run_id = m.run_id)")
-		}
-	}
-	if after != nil {
-		ranges = append(ranges, order+" < "+arg(*after))
-	}
-	if len(f.Statuses) == 1 {
-		conds = append(conds, "r.status = "+arg(f.Statuses[0]))
-	} else if len(f.Statuses) > 1 {
-		conds = append(conds, "r.status = ANY("+arg(f.Statuses)+")")
-	}
-	if f.WorkflowID != nil {
-		conds = append(conds, "r.workflow_id = "+arg(*f.WorkflowID))
-	}
-	if f.CreatedAfter != nil {
-		ranges = append(ranges, order+" >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
-	}
-	if f.CreatedBefore != nil {
-		ranges = append(ranges, order+" < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
-	}
-	if f.IdempotencyKey != nil {
-		conds = append(conds, "r.id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
-	}
-	var q string
-	if len(meta) == 0 {
-		where := append(append([]string{"r.tenant_id = $1"}, ranges...), conds...)
-		q = `SELECT ` + qualified(runColumns, "r.") + ` FROM workflow_runs r WHERE ` + strings.Join(where, " AND ") +
-			` ORDER BY r.id DESC LIMIT ` + arg(first+1)
-	} else {
-		// The first pair drives the listing: its index range is in run-id
-		// order, and each of its rows probes one run by primary key (the
-		// lateral subquery, kept apart by OFFSET 0, is never turned into a
-		// join the planner could drive from the runs, as it would on a
-		// partition without statistics), so a page reads about as many rows
-		// as the filters pass over; further pairs are primary-key probes.
-		inner := append([]string{"r.tenant_id = $1", "r.id = m.run_id"}, conds...)
-		where := append(meta, ranges...)
-		q = `SELECT ` + qualified(runColumns, "r.") + ` FROM run_metadata m CROSS JOIN LATERAL (SELECT * FROM workflow_runs r WHERE ` +
-			strings.Join(inner, " AND ") + ` OFFSET 0) r WHERE ` + strings.Join(where, " AND ") + ` ORDER BY m.run_id DESC LIMIT ` + arg(first+1)
-	}
+	q, args := runsQuery(tx.Tenant, f, first, after, qualified(runColumns, "r."))
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("list runs: %w", err)
@@ -220,6 +185,72 @@ func ListRuns(ctx context.Context, tx *pg.Tx, f RunFilter, first int, after *uui
 		out = out[:first]
 	}
 	return out, more, nil
+}
+
+// runsQuery builds ListRuns' statement (selecting cols, up to first+1
+// rows) and its arguments.
+func runsQuery(tenant uuid.UUID, f RunFilter, first int, after *uuid.UUID, cols string) (string, []any) {
+	args := []any{tenant}
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	// conds bound the run; ranges bound the id order column (the run's id,
+	// or with a metadata filter the driving metadata row's run id).
+	var conds, ranges []string
+	order := "r.id"
+	var meta []string
+	if len(f.Metadata) > 0 {
+		order = "m.run_id"
+		keys := slices.Sorted(maps.Keys(f.Metadata))
+		meta = append(meta, "m.tenant_id = $1", "m.key = "+arg(keys[0]), "m.value = "+arg(f.Metadata[keys[0]]))
+		for _, k := range keys[1:] {
+			meta = append(meta, "EXISTS (SELECT 1 FROM run_metadata x WHERE x.tenant_id = $1 AND x.key = "+arg(k)+
+				" AND x.value = "+arg(f.Metadata[k])+" AND x.run_id = m.run_id)")
+		}
+	}
+	dir, cmp := "DESC", " < "
+	if f.OldestFirst {
+		dir, cmp = "ASC", " > "
+	}
+	if after != nil {
+		ranges = append(ranges, order+cmp+arg(*after))
+	}
+	if len(f.Statuses) == 1 {
+		conds = append(conds, "r.status = "+arg(f.Statuses[0]))
+	} else if len(f.Statuses) > 1 {
+		conds = append(conds, "r.status = ANY("+arg(f.Statuses)+")")
+	}
+	if f.WorkflowID != nil {
+		conds = append(conds, "r.workflow_id = "+arg(*f.WorkflowID))
+	}
+	if f.CreatedAfter != nil {
+		ranges = append(ranges, order+" >= composer_uuid_floor("+arg(*f.CreatedAfter)+")")
+	}
+	if f.CreatedBefore != nil {
+		ranges = append(ranges, order+" < composer_uuid_floor("+arg(*f.CreatedBefore)+")")
+	}
+	if f.IdempotencyKey != nil {
+		conds = append(conds, "r.id = (SELECT run_id FROM run_idempotency_keys k WHERE k.tenant_id = $1 AND k.key = "+arg(*f.IdempotencyKey)+")")
+	}
+	var q string
+	if len(meta) == 0 {
+		where := append(append([]string{"r.tenant_id = $1"}, ranges...), conds...)
+		q = `SELECT ` + cols + ` FROM workflow_runs r WHERE ` + strings.Join(where, " AND ") +
+			` ORDER BY r.id ` + dir + ` LIMIT ` + arg(first+1)
+	} else {
+		// The first pair drives the listing: its index range is in run-id
+		// order, and each of its rows probes one run by primary key (the
+		// lateral subquery, kept apart by OFFSET 0, is never turned into a
+		// join the planner could drive from the runs, as it would on a
+		// partition without statistics), so a page reads about as many rows
+		// as the filters pass over; further pairs are primary-key probes.
+		inner := append([]string{"r.tenant_id = $1", "r.id = m.run_id"}, conds...)
+		where := append(meta, ranges...)
+		q = `SELECT ` + cols + ` FROM run_metadata m CROSS JOIN LATERAL (SELECT * FROM workflow_runs r WHERE ` +
+			strings.Join(inner, " AND ") + ` OFFSET 0) r WHERE ` + strings.Join(where, " AND ") + ` ORDER BY m.run_id ` + dir + ` LIMIT ` + arg(first+1)
+	}
+	return q, args
 }
 
 // qualified prefixes every column of a column list.
@@ -266,11 +297,11 @@ func Timeline(ctx context.Context, tx *pg.Tx, run uuid.UUID, limit int) ([]RunEv
 	return out, nil
 }
 
-const workflowColumns = `id, name, description, latest_version, created_at, updated_at`
+const workflowColumns = `id, name, description, latest_version, created_at, updated_at, paused_at, pause_reason`
 
 func scanWorkflow(row pgx.Row) (Workflow, error) {
 	var w Workflow
-	err := row.Scan(&w.ID, &w.Name, &w.Description, &w.LatestVersion, &w.CreatedAt, &w.UpdatedAt)
+	err := row.Scan(&w.ID, &w.Name, &w.Description, &w.LatestVersion, &w.CreatedAt, &w.UpdatedAt, &w.PausedAt, &w.PauseReason)
 	return w, err
 }
 
@@ -408,14 +439,15 @@ const (
 	// coordinator
 	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
 				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
-	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata)
-			VALUES ($1, $2, $3, $4, 'running', $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9) RETURNING created_at`
+	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata,
+				parent_run_id, parent_task_id, parent_node, depth)
+			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13) RETURNING created_at`
 	qInsertRunMetadata = `INSERT INTO run_metadata (tenant_id, run_id, key, value) SELECT $1, $2, k, v FROM unnest($3::text[], $4::text[]) AS m(k, v)`
 	qIdempotentRun     = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
 		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
 		WHERE k.tenant_id = $1 AND k.key = $2`
-	qWorkflowByID     = `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`
-	qWorkflowByName   = `SELECT id, latest_version FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`
+	qWorkflowByID     = `SELECT id, latest_version, paused_at IS NOT NULL FROM workflow_definitions WHERE tenant_id = $1 AND id = $2`
+	qWorkflowByName   = `SELECT id, latest_version, paused_at IS NOT NULL FROM workflow_definitions WHERE tenant_id = $1 AND name = $2`
 	qExtendEagerLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
 			  FROM task_instances d, workflow_runs r
 			 WHERE d.tenant_id = $1 AND d.run_id = $2 AND d.id = $3 AND d.attempt = $4 AND d.state = 'completed'
@@ -427,9 +459,9 @@ const (
 	qSignalSeen = `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
 				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2)`
 	qTakeTimer = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
-			RETURNING kind, coalesce(node_id, ''), task_id, attempt`
+			RETURNING kind, coalesce(node_id, ''), task_id, attempt, detail`
 	qLockRun = `UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
-		RETURNING workflow_id, workflow_version, status, input, now()`
+		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth`
 	qRunTasks          = `SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`
 	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`
@@ -440,6 +472,7 @@ const (
 			  FROM workflow_runs r
 			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'pending'
 			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
+			   AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.tenant_id = $1 AND p.queue = coalesce(t.queue, 'default'))
 			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`
 	qReacquireLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
 			  FROM workflow_runs r
@@ -513,7 +546,7 @@ const (
 	qDeleteRunEventWaits = `DELETE FROM event_waits WHERE tenant_id = $1 AND run_id = $2`
 	// queries
 	qGetRun      = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`
-	qTasksOfRuns = `SELECT ` + taskColumns + ` FROM task_instances WHERE tenant_id = $1 AND run_id = ANY($2) ORDER BY run_id, id`
+	qTasksOfRuns = `SELECT ` + taskColumns + ` FROM task_instances t WHERE t.tenant_id = $1 AND t.run_id = ANY($2) ORDER BY t.run_id, t.id`
 	qTimeline    = `SELECT id, kind, node_id, task_id, attempt, detail, created_at FROM run_events
 		WHERE tenant_id = $1 AND run_id = $2 ORDER BY id LIMIT $3`
 	qListWorkflows = `SELECT ` + workflowColumns + ` FROM workflow_definitions

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"sync"
 	"time"
 
@@ -29,6 +28,9 @@ type Workflow struct {
 	LatestVersion int
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// PausedAt is set while the workflow is paused (pause.go).
+	PausedAt    *time.Time
+	PauseReason *string
 }
 
 // Version is one immutable definition of a workflow.
@@ -38,8 +40,6 @@ type Version struct {
 	Definition json.RawMessage
 	CreatedAt  time.Time
 }
-
-var workflowName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // invalidDefinition turns a dag validation error into an Invalid error whose
 // fields name each node and field.
@@ -58,7 +58,7 @@ func invalidDefinition(err error) error {
 // CreateWorkflow creates a workflow with its first version. An invalid
 // definition or a taken name changes nothing.
 func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name, description string, definition []byte) (Workflow, Version, error) {
-	if !workflowName.MatchString(name) {
+	if !dag.WorkflowName.MatchString(name) {
 		return Workflow{}, Version{}, errs.E(errs.Invalid, "workflow name must be 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit")
 	}
 	if len(description) > 2000 {
@@ -135,6 +135,32 @@ type compiled struct {
 	config map[string]json.RawMessage
 }
 
+// configOf is the task config of a node, or of a map element (its map's
+// step's); nil for nodes that run on no worker.
+func (c *compiled) configOf(node string) []byte {
+	if cfg, ok := c.config[node]; ok {
+		return cfg
+	}
+	if base, _, ok := dag.ParseItemID(node); ok {
+		return c.config[base]
+	}
+	return nil
+}
+
+// stepOf is the node a task of node runs: the node, or a map element's
+// step.
+func (c *compiled) stepOf(node string) *dag.Node {
+	if n := c.wf.Node(node); n != nil {
+		return n
+	}
+	if base, _, ok := dag.ParseItemID(node); ok {
+		if n := c.wf.Node(base); n != nil && n.Map != nil {
+			return n.Map.Step
+		}
+	}
+	return nil
+}
+
 // defCache holds compiled definitions. Versions are immutable, so an entry
 // never goes stale; the cache is only bounded.
 type defCache struct {
@@ -178,6 +204,9 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 		// A templated request is rendered for each task (CreateTask.Request).
 		if n.Type.RunsOnWorker() && !n.Templated() {
 			c.config[n.ID] = nodeConfig(n, nil)
+		}
+		if n.Map != nil && n.Map.Step.Type.RunsOnWorker() && !n.Map.Step.Templated() {
+			c.config[n.ID] = nodeConfig(n.Map.Step, nil) // (its elements')
 		}
 	}
 	d.mu.Lock()

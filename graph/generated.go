@@ -39,6 +39,7 @@ func NewExecutableSchema(cfg Config) graphql.ExecutableSchema {
 type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
+	BulkOperation() BulkOperationResolver
 	EventRun() EventRunResolver
 	Member() MemberResolver
 	Mutation() MutationResolver
@@ -74,9 +75,40 @@ type ComplexityRoot struct {
 		Scopes     func(childComplexity int) int
 	}
 
+	BulkFilter struct {
+		CreatedAfter  func(childComplexity int) int
+		CreatedBefore func(childComplexity int) int
+		Metadata      func(childComplexity int) int
+		Status        func(childComplexity int) int
+		WorkflowID    func(childComplexity int) int
+	}
+
+	BulkOperation struct {
+		Action         func(childComplexity int) int
+		CreatedAt      func(childComplexity int) int
+		CreatedBy      func(childComplexity int) int
+		Done           func(childComplexity int) int
+		Failed         func(childComplexity int) int
+		Filter         func(childComplexity int) int
+		FinishedAt     func(childComplexity int) int
+		ID             func(childComplexity int) int
+		IdempotencyKey func(childComplexity int) int
+		LastError      func(childComplexity int) int
+		Matched        func(childComplexity int) int
+		Reason         func(childComplexity int) int
+		Skipped        func(childComplexity int) int
+		Status         func(childComplexity int) int
+		UpdatedAt      func(childComplexity int) int
+	}
+
 	CreateApiKeyPayload struct {
 		APIKey func(childComplexity int) int
 		Secret func(childComplexity int) int
+	}
+
+	CreateBulkOperationPayload struct {
+		Created   func(childComplexity int) int
+		Operation func(childComplexity int) int
 	}
 
 	CreateWorkflowPayload struct {
@@ -153,9 +185,11 @@ type ComplexityRoot struct {
 		AddMember              func(childComplexity int, subject string, role model.Role, email *string) int
 		Approve                func(childComplexity int, id uuid.UUID, signal *string, approved bool, comment *string, signalID *string) int
 		BackfillSchedule       func(childComplexity int, id uuid.UUID, from time.Time, to time.Time) int
+		CancelBulkOperation    func(childComplexity int, id uuid.UUID) int
 		CancelRun              func(childComplexity int, id uuid.UUID, reason *string) int
 		ChangeMemberRole       func(childComplexity int, subject string, role model.Role) int
 		CreateAPIKey           func(childComplexity int, input model.CreateAPIKeyInput) int
+		CreateBulkOperation    func(childComplexity int, input model.CreateBulkOperationInput) int
 		CreateSchedule         func(childComplexity int, input model.CreateScheduleInput) int
 		CreateSecret           func(childComplexity int, name string, value string) int
 		CreateWebhookEndpoint  func(childComplexity int, input model.CreateWebhookEndpointInput) int
@@ -164,13 +198,17 @@ type ComplexityRoot struct {
 		DeleteSecret           func(childComplexity int, name string) int
 		DeleteWebhookEndpoint  func(childComplexity int, id uuid.UUID) int
 		DisableWebhookEndpoint func(childComplexity int, id uuid.UUID) int
+		PauseQueue             func(childComplexity int, queue string, reason *string) int
 		PauseSchedule          func(childComplexity int, id uuid.UUID) int
+		PauseWorkflow          func(childComplexity int, id uuid.UUID, reason *string) int
 		PublishEvent           func(childComplexity int, input model.PublishEventInput) int
 		PublishWorkflowVersion func(childComplexity int, workflowID uuid.UUID, definition json.RawMessage) int
 		RedeliverWebhook       func(childComplexity int, deliveryID uuid.UUID) int
 		RemoveMember           func(childComplexity int, subject string) int
 		RerunRun               func(childComplexity int, id uuid.UUID, mode *model.RerunMode) int
+		ResumeQueue            func(childComplexity int, queue string) int
 		ResumeSchedule         func(childComplexity int, id uuid.UUID) int
+		ResumeWorkflow         func(childComplexity int, id uuid.UUID) int
 		RevokeAPIKey           func(childComplexity int, id uuid.UUID) int
 		RotateWebhookSecret    func(childComplexity int, id uuid.UUID, graceSeconds *int) int
 		SendWebhookTestPing    func(childComplexity int, endpointID uuid.UUID) int
@@ -193,10 +231,13 @@ type ComplexityRoot struct {
 
 	Query struct {
 		APIKeys           func(childComplexity int, first *int, after *uuid.UUID) int
+		BulkOperation     func(childComplexity int, id uuid.UUID) int
+		BulkOperations    func(childComplexity int, first *int, after *uuid.UUID) int
 		Event             func(childComplexity int, id uuid.UUID) int
 		Events            func(childComplexity int, name *string, first *int, after *string) int
 		InvoicePreview    func(childComplexity int, period *string) int
 		Members           func(childComplexity int) int
+		PausedQueues      func(childComplexity int) int
 		Run               func(childComplexity int, id uuid.UUID) int
 		Runs              func(childComplexity int, first *int, after *string, filter *model.RunFilter) int
 		Schedule          func(childComplexity int, id uuid.UUID) int
@@ -215,6 +256,23 @@ type ComplexityRoot struct {
 		Workflows         func(childComplexity int, first *int, after *string) int
 	}
 
+	QueuePause struct {
+		PausedAt func(childComplexity int) int
+		PausedBy func(childComplexity int) int
+		Queue    func(childComplexity int) int
+		Reason   func(childComplexity int) int
+	}
+
+	ResumeQueuePayload struct {
+		Queue        func(childComplexity int) int
+		Redispatched func(childComplexity int) int
+	}
+
+	ResumeWorkflowPayload struct {
+		Resume   func(childComplexity int) int
+		Workflow func(childComplexity int) int
+	}
+
 	Run struct {
 		CreatedAt       func(childComplexity int) int
 		Error           func(childComplexity int) int
@@ -224,6 +282,8 @@ type ComplexityRoot struct {
 		Input           func(childComplexity int) int
 		Metadata        func(childComplexity int) int
 		Output          func(childComplexity int) int
+		ParentNode      func(childComplexity int) int
+		ParentRunID     func(childComplexity int) int
 		RerunOf         func(childComplexity int) int
 		Status          func(childComplexity int) int
 		Tasks           func(childComplexity int) int
@@ -345,12 +405,14 @@ type ComplexityRoot struct {
 	}
 
 	Subscription struct {
-		RunUpdated  func(childComplexity int, id uuid.UUID) int
-		RunsChanged func(childComplexity int) int
+		BulkOperationUpdated func(childComplexity int, id uuid.UUID) int
+		RunUpdated           func(childComplexity int, id uuid.UUID) int
+		RunsChanged          func(childComplexity int) int
 	}
 
 	Task struct {
 		Attempt     func(childComplexity int) int
+		ChildRunID  func(childComplexity int) int
 		CreatedAt   func(childComplexity int) int
 		FinishedAt  func(childComplexity int) int
 		Handler     func(childComplexity int) int
@@ -486,6 +548,8 @@ type ComplexityRoot struct {
 		ID            func(childComplexity int) int
 		LatestVersion func(childComplexity int) int
 		Name          func(childComplexity int) int
+		PauseReason   func(childComplexity int) int
+		PausedAt      func(childComplexity int) int
 		UpdatedAt     func(childComplexity int) int
 		Version       func(childComplexity int, number int) int
 		Versions      func(childComplexity int, first *int, before *int) int
@@ -513,6 +577,11 @@ type ComplexityRoot struct {
 
 // region    ************************** generated!.gotpl **************************
 
+type BulkOperationResolver interface {
+	Action(ctx context.Context, obj *engine.BulkOperation) (model.BulkAction, error)
+	Status(ctx context.Context, obj *engine.BulkOperation) (model.BulkOperationStatus, error)
+	Filter(ctx context.Context, obj *engine.BulkOperation) (*model.BulkFilter, error)
+}
 type EventRunResolver interface {
 	Outcome(ctx context.Context, obj *engine.EventRun) (model.EventRunOutcome, error)
 	RunID(ctx context.Context, obj *engine.EventRun) (*uuid.UUID, error)
@@ -535,6 +604,12 @@ type MutationResolver interface {
 	AddMember(ctx context.Context, subject string, role model.Role, email *string) (*auth.Member, error)
 	ChangeMemberRole(ctx context.Context, subject string, role model.Role) (*auth.Member, error)
 	RemoveMember(ctx context.Context, subject string) (bool, error)
+	PauseWorkflow(ctx context.Context, id uuid.UUID, reason *string) (*engine.Workflow, error)
+	ResumeWorkflow(ctx context.Context, id uuid.UUID) (*model.ResumeWorkflowPayload, error)
+	PauseQueue(ctx context.Context, queue string, reason *string) (*engine.QueuePause, error)
+	ResumeQueue(ctx context.Context, queue string) (*model.ResumeQueuePayload, error)
+	CreateBulkOperation(ctx context.Context, input model.CreateBulkOperationInput) (*model.CreateBulkOperationPayload, error)
+	CancelBulkOperation(ctx context.Context, id uuid.UUID) (*engine.BulkOperation, error)
 	PublishEvent(ctx context.Context, input model.PublishEventInput) (*model.PublishEventPayload, error)
 	CreateSchedule(ctx context.Context, input model.CreateScheduleInput) (*schedules.Schedule, error)
 	UpdateSchedule(ctx context.Context, id uuid.UUID, input model.UpdateScheduleInput) (*schedules.Schedule, error)
@@ -564,6 +639,9 @@ type QueryResolver interface {
 	Members(ctx context.Context) ([]auth.Member, error)
 	Workers(ctx context.Context) ([]taskpoll.Worker, error)
 	InvoicePreview(ctx context.Context, period *string) (*model.Invoice, error)
+	BulkOperation(ctx context.Context, id uuid.UUID) (*engine.BulkOperation, error)
+	BulkOperations(ctx context.Context, first *int, after *uuid.UUID) ([]engine.BulkOperation, error)
+	PausedQueues(ctx context.Context) ([]engine.QueuePause, error)
 	Events(ctx context.Context, name *string, first *int, after *string) (*model.EventConnection, error)
 	Event(ctx context.Context, id uuid.UUID) (*engine.Event, error)
 	Schedules(ctx context.Context, workflowID *uuid.UUID, first *int, after *string) (*model.ScheduleConnection, error)
@@ -595,6 +673,7 @@ type SecretAuditEntryResolver interface {
 type SubscriptionResolver interface {
 	RunUpdated(ctx context.Context, id uuid.UUID) (<-chan *engine.RunView, error)
 	RunsChanged(ctx context.Context) (<-chan *model.RunChange, error)
+	BulkOperationUpdated(ctx context.Context, id uuid.UUID) (<-chan *engine.BulkOperation, error)
 }
 type TaskResolver interface {
 	State(ctx context.Context, obj *engine.TaskView) (model.TaskState, error)
@@ -703,6 +782,128 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.ApiKey.Scopes(childComplexity), true
 
+	case "BulkFilter.createdAfter":
+		if e.ComplexityRoot.BulkFilter.CreatedAfter == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkFilter.CreatedAfter(childComplexity), true
+	case "BulkFilter.createdBefore":
+		if e.ComplexityRoot.BulkFilter.CreatedBefore == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkFilter.CreatedBefore(childComplexity), true
+	case "BulkFilter.metadata":
+		if e.ComplexityRoot.BulkFilter.Metadata == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkFilter.Metadata(childComplexity), true
+	case "BulkFilter.status":
+		if e.ComplexityRoot.BulkFilter.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkFilter.Status(childComplexity), true
+	case "BulkFilter.workflowId":
+		if e.ComplexityRoot.BulkFilter.WorkflowID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkFilter.WorkflowID(childComplexity), true
+
+	case "BulkOperation.action":
+		if e.ComplexityRoot.BulkOperation.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Action(childComplexity), true
+	case "BulkOperation.createdAt":
+		if e.ComplexityRoot.BulkOperation.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.CreatedAt(childComplexity), true
+	case "BulkOperation.createdBy":
+		if e.ComplexityRoot.BulkOperation.CreatedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.CreatedBy(childComplexity), true
+	case "BulkOperation.done":
+		if e.ComplexityRoot.BulkOperation.Done == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Done(childComplexity), true
+	case "BulkOperation.failed":
+		if e.ComplexityRoot.BulkOperation.Failed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Failed(childComplexity), true
+	case "BulkOperation.filter":
+		if e.ComplexityRoot.BulkOperation.Filter == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Filter(childComplexity), true
+	case "BulkOperation.finishedAt":
+		if e.ComplexityRoot.BulkOperation.FinishedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.FinishedAt(childComplexity), true
+	case "BulkOperation.id":
+		if e.ComplexityRoot.BulkOperation.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.ID(childComplexity), true
+	case "BulkOperation.idempotencyKey":
+		if e.ComplexityRoot.BulkOperation.IdempotencyKey == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.IdempotencyKey(childComplexity), true
+	case "BulkOperation.lastError":
+		if e.ComplexityRoot.BulkOperation.LastError == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.LastError(childComplexity), true
+	case "BulkOperation.matched":
+		if e.ComplexityRoot.BulkOperation.Matched == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Matched(childComplexity), true
+	case "BulkOperation.reason":
+		if e.ComplexityRoot.BulkOperation.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Reason(childComplexity), true
+	case "BulkOperation.skipped":
+		if e.ComplexityRoot.BulkOperation.Skipped == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Skipped(childComplexity), true
+	case "BulkOperation.status":
+		if e.ComplexityRoot.BulkOperation.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.Status(childComplexity), true
+	case "BulkOperation.updatedAt":
+		if e.ComplexityRoot.BulkOperation.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BulkOperation.UpdatedAt(childComplexity), true
+
 	case "CreateApiKeyPayload.apiKey":
 		if e.ComplexityRoot.CreateApiKeyPayload.APIKey == nil {
 			break
@@ -715,6 +916,19 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CreateApiKeyPayload.Secret(childComplexity), true
+
+	case "CreateBulkOperationPayload.created":
+		if e.ComplexityRoot.CreateBulkOperationPayload.Created == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CreateBulkOperationPayload.Created(childComplexity), true
+	case "CreateBulkOperationPayload.operation":
+		if e.ComplexityRoot.CreateBulkOperationPayload.Operation == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CreateBulkOperationPayload.Operation(childComplexity), true
 
 	case "CreateWorkflowPayload.version":
 		if e.ComplexityRoot.CreateWorkflowPayload.Version == nil {
@@ -1016,6 +1230,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.BackfillSchedule(childComplexity, args["id"].(uuid.UUID), args["from"].(time.Time), args["to"].(time.Time)), true
+	case "Mutation.cancelBulkOperation":
+		if e.ComplexityRoot.Mutation.CancelBulkOperation == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_cancelBulkOperation_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.CancelBulkOperation(childComplexity, args["id"].(uuid.UUID)), true
 	case "Mutation.cancelRun":
 		if e.ComplexityRoot.Mutation.CancelRun == nil {
 			break
@@ -1049,6 +1274,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateAPIKey(childComplexity, args["input"].(model.CreateAPIKeyInput)), true
+	case "Mutation.createBulkOperation":
+		if e.ComplexityRoot.Mutation.CreateBulkOperation == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_createBulkOperation_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.CreateBulkOperation(childComplexity, args["input"].(model.CreateBulkOperationInput)), true
 	case "Mutation.createSchedule":
 		if e.ComplexityRoot.Mutation.CreateSchedule == nil {
 			break
@@ -1137,6 +1373,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.DisableWebhookEndpoint(childComplexity, args["id"].(uuid.UUID)), true
+	case "Mutation.pauseQueue":
+		if e.ComplexityRoot.Mutation.PauseQueue == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_pauseQueue_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.PauseQueue(childComplexity, args["queue"].(string), args["reason"].(*string)), true
 	case "Mutation.pauseSchedule":
 		if e.ComplexityRoot.Mutation.PauseSchedule == nil {
 			break
@@ -1148,6 +1395,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.PauseSchedule(childComplexity, args["id"].(uuid.UUID)), true
+	case "Mutation.pauseWorkflow":
+		if e.ComplexityRoot.Mutation.PauseWorkflow == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_pauseWorkflow_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.PauseWorkflow(childComplexity, args["id"].(uuid.UUID), args["reason"].(*string)), true
 	case "Mutation.publishEvent":
 		if e.ComplexityRoot.Mutation.PublishEvent == nil {
 			break
@@ -1203,6 +1461,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.RerunRun(childComplexity, args["id"].(uuid.UUID), args["mode"].(*model.RerunMode)), true
+	case "Mutation.resumeQueue":
+		if e.ComplexityRoot.Mutation.ResumeQueue == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resumeQueue_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResumeQueue(childComplexity, args["queue"].(string)), true
 	case "Mutation.resumeSchedule":
 		if e.ComplexityRoot.Mutation.ResumeSchedule == nil {
 			break
@@ -1214,6 +1483,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.ResumeSchedule(childComplexity, args["id"].(uuid.UUID)), true
+	case "Mutation.resumeWorkflow":
+		if e.ComplexityRoot.Mutation.ResumeWorkflow == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resumeWorkflow_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResumeWorkflow(childComplexity, args["id"].(uuid.UUID)), true
 	case "Mutation.revokeApiKey":
 		if e.ComplexityRoot.Mutation.RevokeAPIKey == nil {
 			break
@@ -1340,6 +1620,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.APIKeys(childComplexity, args["first"].(*int), args["after"].(*uuid.UUID)), true
+	case "Query.bulkOperation":
+		if e.ComplexityRoot.Query.BulkOperation == nil {
+			break
+		}
+
+		args, err := ec.field_Query_bulkOperation_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.BulkOperation(childComplexity, args["id"].(uuid.UUID)), true
+	case "Query.bulkOperations":
+		if e.ComplexityRoot.Query.BulkOperations == nil {
+			break
+		}
+
+		args, err := ec.field_Query_bulkOperations_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.BulkOperations(childComplexity, args["first"].(*int), args["after"].(*uuid.UUID)), true
 	case "Query.event":
 		if e.ComplexityRoot.Query.Event == nil {
 			break
@@ -1380,6 +1682,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Members(childComplexity), true
+	case "Query.pausedQueues":
+		if e.ComplexityRoot.Query.PausedQueues == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Query.PausedQueues(childComplexity), true
 	case "Query.run":
 		if e.ComplexityRoot.Query.Run == nil {
 			break
@@ -1532,6 +1840,57 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Query.Workflows(childComplexity, args["first"].(*int), args["after"].(*string)), true
 
+	case "QueuePause.pausedAt":
+		if e.ComplexityRoot.QueuePause.PausedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.QueuePause.PausedAt(childComplexity), true
+	case "QueuePause.pausedBy":
+		if e.ComplexityRoot.QueuePause.PausedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.QueuePause.PausedBy(childComplexity), true
+	case "QueuePause.queue":
+		if e.ComplexityRoot.QueuePause.Queue == nil {
+			break
+		}
+
+		return e.ComplexityRoot.QueuePause.Queue(childComplexity), true
+	case "QueuePause.reason":
+		if e.ComplexityRoot.QueuePause.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.QueuePause.Reason(childComplexity), true
+
+	case "ResumeQueuePayload.queue":
+		if e.ComplexityRoot.ResumeQueuePayload.Queue == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResumeQueuePayload.Queue(childComplexity), true
+	case "ResumeQueuePayload.redispatched":
+		if e.ComplexityRoot.ResumeQueuePayload.Redispatched == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResumeQueuePayload.Redispatched(childComplexity), true
+
+	case "ResumeWorkflowPayload.resume":
+		if e.ComplexityRoot.ResumeWorkflowPayload.Resume == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResumeWorkflowPayload.Resume(childComplexity), true
+	case "ResumeWorkflowPayload.workflow":
+		if e.ComplexityRoot.ResumeWorkflowPayload.Workflow == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ResumeWorkflowPayload.Workflow(childComplexity), true
+
 	case "Run.createdAt":
 		if e.ComplexityRoot.Run.CreatedAt == nil {
 			break
@@ -1580,6 +1939,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Run.Output(childComplexity), true
+	case "Run.parentNode":
+		if e.ComplexityRoot.Run.ParentNode == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.ParentNode(childComplexity), true
+	case "Run.parentRunId":
+		if e.ComplexityRoot.Run.ParentRunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.ParentRunID(childComplexity), true
 	case "Run.rerunOf":
 		if e.ComplexityRoot.Run.RerunOf == nil {
 			break
@@ -2083,6 +2454,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.StartRunPayload.Run(childComplexity), true
 
+	case "Subscription.bulkOperationUpdated":
+		if e.ComplexityRoot.Subscription.BulkOperationUpdated == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_bulkOperationUpdated_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.BulkOperationUpdated(childComplexity, args["id"].(uuid.UUID)), true
 	case "Subscription.runUpdated":
 		if e.ComplexityRoot.Subscription.RunUpdated == nil {
 			break
@@ -2107,6 +2489,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Task.Attempt(childComplexity), true
+	case "Task.childRunId":
+		if e.ComplexityRoot.Task.ChildRunID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.ChildRunID(childComplexity), true
 	case "Task.createdAt":
 		if e.ComplexityRoot.Task.CreatedAt == nil {
 			break
@@ -2701,6 +3089,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Workflow.Name(childComplexity), true
+	case "Workflow.pauseReason":
+		if e.ComplexityRoot.Workflow.PauseReason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Workflow.PauseReason(childComplexity), true
+	case "Workflow.pausedAt":
+		if e.ComplexityRoot.Workflow.PausedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Workflow.PausedAt(childComplexity), true
 	case "Workflow.updatedAt":
 		if e.ComplexityRoot.Workflow.UpdatedAt == nil {
 			break
@@ -2791,6 +3191,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
 		return graphql.NewInputUnmarshalerIndex(
 			graphql.NewInputUnmarshaler("CreateApiKeyInput", ec.unmarshalInputCreateApiKeyInput),
+			graphql.NewInputUnmarshaler("CreateBulkOperationInput", ec.unmarshalInputCreateBulkOperationInput),
 			graphql.NewInputUnmarshaler("CreateScheduleInput", ec.unmarshalInputCreateScheduleInput),
 			graphql.NewInputUnmarshaler("CreateWebhookEndpointInput", ec.unmarshalInputCreateWebhookEndpointInput),
 			graphql.NewInputUnmarshaler("CreateWorkflowInput", ec.unmarshalInputCreateWorkflowInput),
@@ -2891,7 +3292,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "billing.graphqls" "events.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
+//go:embed "billing.graphqls" "bulk.graphqls" "events.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -2904,6 +3305,7 @@ func sourceData(filename string) string {
 
 var sources = []*ast.Source{
 	{Name: "billing.graphqls", Input: sourceData("billing.graphqls"), BuiltIn: false},
+	{Name: "bulk.graphqls", Input: sourceData("bulk.graphqls"), BuiltIn: false},
 	{Name: "events.graphqls", Input: sourceData("events.graphqls"), BuiltIn: false},
 	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
@@ -2940,6 +3342,58 @@ func (ec *executionContext) childFields_ApiKey(ctx context.Context, field graphq
 	return nil, fmt.Errorf("no field named %q was found under type ApiKey", field.Name)
 }
 
+func (ec *executionContext) childFields_BulkFilter(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "status":
+		return ec.fieldContext_BulkFilter_status(ctx, field)
+	case "workflowId":
+		return ec.fieldContext_BulkFilter_workflowId(ctx, field)
+	case "createdAfter":
+		return ec.fieldContext_BulkFilter_createdAfter(ctx, field)
+	case "createdBefore":
+		return ec.fieldContext_BulkFilter_createdBefore(ctx, field)
+	case "metadata":
+		return ec.fieldContext_BulkFilter_metadata(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type BulkFilter", field.Name)
+}
+
+func (ec *executionContext) childFields_BulkOperation(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_BulkOperation_id(ctx, field)
+	case "action":
+		return ec.fieldContext_BulkOperation_action(ctx, field)
+	case "status":
+		return ec.fieldContext_BulkOperation_status(ctx, field)
+	case "filter":
+		return ec.fieldContext_BulkOperation_filter(ctx, field)
+	case "reason":
+		return ec.fieldContext_BulkOperation_reason(ctx, field)
+	case "idempotencyKey":
+		return ec.fieldContext_BulkOperation_idempotencyKey(ctx, field)
+	case "createdBy":
+		return ec.fieldContext_BulkOperation_createdBy(ctx, field)
+	case "matched":
+		return ec.fieldContext_BulkOperation_matched(ctx, field)
+	case "done":
+		return ec.fieldContext_BulkOperation_done(ctx, field)
+	case "failed":
+		return ec.fieldContext_BulkOperation_failed(ctx, field)
+	case "skipped":
+		return ec.fieldContext_BulkOperation_skipped(ctx, field)
+	case "lastError":
+		return ec.fieldContext_BulkOperation_lastError(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_BulkOperation_createdAt(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_BulkOperation_updatedAt(ctx, field)
+	case "finishedAt":
+		return ec.fieldContext_BulkOperation_finishedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type BulkOperation", field.Name)
+}
+
 func (ec *executionContext) childFields_CreateApiKeyPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "apiKey":
@@ -2948,6 +3402,16 @@ func (ec *executionContext) childFields_CreateApiKeyPayload(ctx context.Context,
 		return ec.fieldContext_CreateApiKeyPayload_secret(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type CreateApiKeyPayload", field.Name)
+}
+
+func (ec *executionContext) childFields_CreateBulkOperationPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "operation":
+		return ec.fieldContext_CreateBulkOperationPayload_operation(ctx, field)
+	case "created":
+		return ec.fieldContext_CreateBulkOperationPayload_created(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CreateBulkOperationPayload", field.Name)
 }
 
 func (ec *executionContext) childFields_CreateWorkflowPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3110,6 +3574,40 @@ func (ec *executionContext) childFields_PublishEventPayload(ctx context.Context,
 	return nil, fmt.Errorf("no field named %q was found under type PublishEventPayload", field.Name)
 }
 
+func (ec *executionContext) childFields_QueuePause(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "queue":
+		return ec.fieldContext_QueuePause_queue(ctx, field)
+	case "reason":
+		return ec.fieldContext_QueuePause_reason(ctx, field)
+	case "pausedBy":
+		return ec.fieldContext_QueuePause_pausedBy(ctx, field)
+	case "pausedAt":
+		return ec.fieldContext_QueuePause_pausedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type QueuePause", field.Name)
+}
+
+func (ec *executionContext) childFields_ResumeQueuePayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "queue":
+		return ec.fieldContext_ResumeQueuePayload_queue(ctx, field)
+	case "redispatched":
+		return ec.fieldContext_ResumeQueuePayload_redispatched(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ResumeQueuePayload", field.Name)
+}
+
+func (ec *executionContext) childFields_ResumeWorkflowPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "workflow":
+		return ec.fieldContext_ResumeWorkflowPayload_workflow(ctx, field)
+	case "resume":
+		return ec.fieldContext_ResumeWorkflowPayload_resume(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ResumeWorkflowPayload", field.Name)
+}
+
 func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "id":
@@ -3132,6 +3630,10 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_metadata(ctx, field)
 	case "rerunOf":
 		return ec.fieldContext_Run_rerunOf(ctx, field)
+	case "parentRunId":
+		return ec.fieldContext_Run_parentRunId(ctx, field)
+	case "parentNode":
+		return ec.fieldContext_Run_parentNode(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Run_createdAt(ctx, field)
 	case "updatedAt":
@@ -3394,6 +3896,8 @@ func (ec *executionContext) childFields_Task(ctx context.Context, field graphql.
 		return ec.fieldContext_Task_lastError(ctx, field)
 	case "skipReason":
 		return ec.fieldContext_Task_skipReason(ctx, field)
+	case "childRunId":
+		return ec.fieldContext_Task_childRunId(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Task_createdAt(ctx, field)
 	case "startedAt":
@@ -3648,6 +4152,10 @@ func (ec *executionContext) childFields_Workflow(ctx context.Context, field grap
 		return ec.fieldContext_Workflow_versions(ctx, field)
 	case "version":
 		return ec.fieldContext_Workflow_version(ctx, field)
+	case "pausedAt":
+		return ec.fieldContext_Workflow_pausedAt(ctx, field)
+	case "pauseReason":
+		return ec.fieldContext_Workflow_pauseReason(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Workflow", field.Name)
 }
@@ -3908,6 +4416,20 @@ func (ec *executionContext) field_Mutation_backfillSchedule_args(ctx context.Con
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_cancelBulkOperation_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_cancelRun_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3958,6 +4480,20 @@ func (ec *executionContext) field_Mutation_createApiKey_args(ctx context.Context
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
 		func(ctx context.Context, v any) (model.CreateAPIKeyInput, error) {
 			return ec.unmarshalNCreateApiKeyInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateAPIKeyInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["input"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_createBulkOperation_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "input",
+		func(ctx context.Context, v any) (model.CreateBulkOperationInput, error) {
+			return ec.unmarshalNCreateBulkOperationInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateBulkOperationInput(ctx, v)
 		})
 	if err != nil {
 		return nil, err
@@ -4086,6 +4622,28 @@ func (ec *executionContext) field_Mutation_disableWebhookEndpoint_args(ctx conte
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_pauseQueue_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "queue",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["queue"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "reason",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["reason"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_pauseSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4097,6 +4655,28 @@ func (ec *executionContext) field_Mutation_pauseSchedule_args(ctx context.Contex
 		return nil, err
 	}
 	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_pauseWorkflow_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "reason",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["reason"] = arg1
 	return args, nil
 }
 
@@ -4186,7 +4766,35 @@ func (ec *executionContext) field_Mutation_rerunRun_args(ctx context.Context, ra
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_resumeQueue_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "queue",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["queue"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_resumeSchedule_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_resumeWorkflow_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
@@ -4383,6 +4991,42 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 }
 
 func (ec *executionContext) field_Query_apiKeys_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*uuid.UUID, error) {
+			return ec.unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_bulkOperation_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_bulkOperations_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
@@ -4746,6 +5390,20 @@ func (ec *executionContext) field_Schedule_recentFires_args(ctx context.Context,
 	return args, nil
 }
 
+func (ec *executionContext) field_Subscription_bulkOperationUpdated_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Subscription_runUpdated_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -5091,6 +5749,475 @@ func (ec *executionContext) fieldContext_ApiKey_lastUsedAt(_ context.Context, fi
 	return graphql.NewScalarFieldContext("ApiKey", field, false, false, "Time")
 }
 
+func (ec *executionContext) _BulkFilter_status(ctx context.Context, field graphql.CollectedField, obj *model.BulkFilter) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkFilter_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.RunStatus) graphql.Marshaler {
+			return ec.marshalNRunStatus2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkFilter_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkFilter", field, false, false, "RunStatus")
+}
+
+func (ec *executionContext) _BulkFilter_workflowId(ctx context.Context, field graphql.CollectedField, obj *model.BulkFilter) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkFilter_workflowId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.WorkflowID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkFilter_workflowId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkFilter", field, false, false, "ID")
+}
+
+func (ec *executionContext) _BulkFilter_createdAfter(ctx context.Context, field graphql.CollectedField, obj *model.BulkFilter) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkFilter_createdAfter(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAfter, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkFilter_createdAfter(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkFilter", field, false, false, "Time")
+}
+
+func (ec *executionContext) _BulkFilter_createdBefore(ctx context.Context, field graphql.CollectedField, obj *model.BulkFilter) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkFilter_createdBefore(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedBefore, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkFilter_createdBefore(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkFilter", field, false, false, "Time")
+}
+
+func (ec *executionContext) _BulkFilter_metadata(ctx context.Context, field graphql.CollectedField, obj *model.BulkFilter) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkFilter_metadata(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Metadata, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
+			return ec.marshalNJSON2encodingᚋjsonᚐRawMessage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkFilter_metadata(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkFilter", field, false, false, "JSON")
+}
+
+func (ec *executionContext) _BulkOperation_id(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v uuid.UUID) graphql.Marshaler {
+			return ec.marshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "ID")
+}
+
+func (ec *executionContext) _BulkOperation_action(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.BulkOperation().Action(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.BulkAction) graphql.Marshaler {
+			return ec.marshalNBulkAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkAction(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, true, true, "BulkAction")
+}
+
+func (ec *executionContext) _BulkOperation_status(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.BulkOperation().Status(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.BulkOperationStatus) graphql.Marshaler {
+			return ec.marshalNBulkOperationStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkOperationStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, true, true, "BulkOperationStatus")
+}
+
+func (ec *executionContext) _BulkOperation_filter(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_filter(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.BulkOperation().Filter(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.BulkFilter) graphql.Marshaler {
+			return ec.marshalNBulkFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkFilter(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_filter(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "BulkOperation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkFilter(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _BulkOperation_reason(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "String")
+}
+
+func (ec *executionContext) _BulkOperation_idempotencyKey(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_idempotencyKey(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.IdempotencyKey, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_idempotencyKey(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "String")
+}
+
+func (ec *executionContext) _BulkOperation_createdBy(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_createdBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_createdBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "String")
+}
+
+func (ec *executionContext) _BulkOperation_matched(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_matched(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Matched, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_matched(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BulkOperation_done(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_done(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Done, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_done(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BulkOperation_failed(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_failed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Failed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_failed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BulkOperation_skipped(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_skipped(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Skipped, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt2int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_skipped(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BulkOperation_lastError(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_lastError(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastError, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_lastError(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "String")
+}
+
+func (ec *executionContext) _BulkOperation_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Time")
+}
+
+func (ec *executionContext) _BulkOperation_updatedAt(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Time")
+}
+
+func (ec *executionContext) _BulkOperation_finishedAt(ctx context.Context, field graphql.CollectedField, obj *engine.BulkOperation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BulkOperation_finishedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FinishedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_BulkOperation_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Time")
+}
+
 func (ec *executionContext) _CreateApiKeyPayload_apiKey(ctx context.Context, field graphql.CollectedField, obj *model.CreateAPIKeyPayload) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -5144,6 +6271,61 @@ func (ec *executionContext) _CreateApiKeyPayload_secret(ctx context.Context, fie
 }
 func (ec *executionContext) fieldContext_CreateApiKeyPayload_secret(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("CreateApiKeyPayload", field, false, false, "String")
+}
+
+func (ec *executionContext) _CreateBulkOperationPayload_operation(ctx context.Context, field graphql.CollectedField, obj *model.CreateBulkOperationPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CreateBulkOperationPayload_operation(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Operation, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+			return ec.marshalNBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CreateBulkOperationPayload_operation(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CreateBulkOperationPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkOperation(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CreateBulkOperationPayload_created(ctx context.Context, field graphql.CollectedField, obj *model.CreateBulkOperationPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CreateBulkOperationPayload_created(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Created, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CreateBulkOperationPayload_created(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CreateBulkOperationPayload", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _CreateWorkflowPayload_workflow(ctx context.Context, field graphql.CollectedField, obj *model.CreateWorkflowPayload) (ret graphql.Marshaler) {
@@ -6735,6 +7917,270 @@ func (ec *executionContext) fieldContext_Mutation_removeMember(ctx context.Conte
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_pauseWorkflow(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_pauseWorkflow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().PauseWorkflow(ctx, fc.Args["id"].(uuid.UUID), fc.Args["reason"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.Workflow) graphql.Marshaler {
+			return ec.marshalNWorkflow2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐWorkflow(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_pauseWorkflow(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Workflow(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_pauseWorkflow_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resumeWorkflow(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resumeWorkflow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResumeWorkflow(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ResumeWorkflowPayload) graphql.Marshaler {
+			return ec.marshalNResumeWorkflowPayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐResumeWorkflowPayload(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resumeWorkflow(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ResumeWorkflowPayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resumeWorkflow_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_pauseQueue(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_pauseQueue(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().PauseQueue(ctx, fc.Args["queue"].(string), fc.Args["reason"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.QueuePause) graphql.Marshaler {
+			return ec.marshalNQueuePause2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐQueuePause(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_pauseQueue(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_QueuePause(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_pauseQueue_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resumeQueue(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resumeQueue(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResumeQueue(ctx, fc.Args["queue"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ResumeQueuePayload) graphql.Marshaler {
+			return ec.marshalNResumeQueuePayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐResumeQueuePayload(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resumeQueue(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ResumeQueuePayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resumeQueue_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_createBulkOperation(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_createBulkOperation(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().CreateBulkOperation(ctx, fc.Args["input"].(model.CreateBulkOperationInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.CreateBulkOperationPayload) graphql.Marshaler {
+			return ec.marshalNCreateBulkOperationPayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateBulkOperationPayload(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_createBulkOperation(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CreateBulkOperationPayload(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_createBulkOperation_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_cancelBulkOperation(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_cancelBulkOperation(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().CancelBulkOperation(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+			return ec.marshalNBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_cancelBulkOperation(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkOperation(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_cancelBulkOperation_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_publishEvent(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7976,6 +9422,126 @@ func (ec *executionContext) fieldContext_Query_invoicePreview(ctx context.Contex
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_bulkOperation(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_bulkOperation(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().BulkOperation(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+			return ec.marshalNBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_bulkOperation(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkOperation(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_bulkOperation_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_bulkOperations(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_bulkOperations(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().BulkOperations(ctx, fc.Args["first"].(*int), fc.Args["after"].(*uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []engine.BulkOperation) graphql.Marshaler {
+			return ec.marshalNBulkOperation2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperationᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_bulkOperations(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkOperation(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_bulkOperations_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_pausedQueues(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_pausedQueues(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Query().PausedQueues(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []engine.QueuePause) graphql.Marshaler {
+			return ec.marshalNQueuePause2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐQueuePauseᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_pausedQueues(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_QueuePause(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_events(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -8512,6 +10078,208 @@ func (ec *executionContext) fieldContext_Query___schema(_ context.Context, field
 	return fc, nil
 }
 
+func (ec *executionContext) _QueuePause_queue(ctx context.Context, field graphql.CollectedField, obj *engine.QueuePause) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_QueuePause_queue(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Queue, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_QueuePause_queue(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("QueuePause", field, false, false, "String")
+}
+
+func (ec *executionContext) _QueuePause_reason(ctx context.Context, field graphql.CollectedField, obj *engine.QueuePause) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_QueuePause_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_QueuePause_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("QueuePause", field, false, false, "String")
+}
+
+func (ec *executionContext) _QueuePause_pausedBy(ctx context.Context, field graphql.CollectedField, obj *engine.QueuePause) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_QueuePause_pausedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PausedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_QueuePause_pausedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("QueuePause", field, false, false, "String")
+}
+
+func (ec *executionContext) _QueuePause_pausedAt(ctx context.Context, field graphql.CollectedField, obj *engine.QueuePause) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_QueuePause_pausedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PausedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_QueuePause_pausedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("QueuePause", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ResumeQueuePayload_queue(ctx context.Context, field graphql.CollectedField, obj *model.ResumeQueuePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResumeQueuePayload_queue(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Queue, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ResumeQueuePayload_queue(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ResumeQueuePayload", field, false, false, "String")
+}
+
+func (ec *executionContext) _ResumeQueuePayload_redispatched(ctx context.Context, field graphql.CollectedField, obj *model.ResumeQueuePayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResumeQueuePayload_redispatched(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Redispatched, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ResumeQueuePayload_redispatched(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ResumeQueuePayload", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ResumeWorkflowPayload_workflow(ctx context.Context, field graphql.CollectedField, obj *model.ResumeWorkflowPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResumeWorkflowPayload_workflow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Workflow, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.Workflow) graphql.Marshaler {
+			return ec.marshalNWorkflow2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐWorkflow(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ResumeWorkflowPayload_workflow(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResumeWorkflowPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Workflow(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ResumeWorkflowPayload_resume(ctx context.Context, field graphql.CollectedField, obj *model.ResumeWorkflowPayload) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ResumeWorkflowPayload_resume(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Resume, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+			return ec.marshalOBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ResumeWorkflowPayload_resume(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ResumeWorkflowPayload",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkOperation(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Run_id(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -8749,6 +10517,52 @@ func (ec *executionContext) _Run_rerunOf(ctx context.Context, field graphql.Coll
 }
 func (ec *executionContext) fieldContext_Run_rerunOf(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Run", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Run_parentRunId(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_parentRunId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ParentRunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Run_parentRunId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Run_parentNode(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_parentNode(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ParentNode, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Run_parentNode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "String")
 }
 
 func (ec *executionContext) _Run_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -10760,6 +12574,50 @@ func (ec *executionContext) fieldContext_Subscription_runsChanged(_ context.Cont
 	return fc, nil
 }
 
+func (ec *executionContext) _Subscription_bulkOperationUpdated(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_bulkOperationUpdated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().BulkOperationUpdated(ctx, fc.Args["id"].(uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+			return ec.marshalNBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_bulkOperationUpdated(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BulkOperation(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_bulkOperationUpdated_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Task_id(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -11034,6 +12892,29 @@ func (ec *executionContext) _Task_skipReason(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_Task_skipReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_childRunId(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_childRunId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ChildRunID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_childRunId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Task_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
@@ -13204,6 +15085,52 @@ func (ec *executionContext) fieldContext_Workflow_version(ctx context.Context, f
 	return fc, nil
 }
 
+func (ec *executionContext) _Workflow_pausedAt(ctx context.Context, field graphql.CollectedField, obj *engine.Workflow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Workflow_pausedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PausedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Workflow_pausedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Workflow", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Workflow_pauseReason(ctx context.Context, field graphql.CollectedField, obj *engine.Workflow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Workflow_pauseReason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PauseReason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Workflow_pauseReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Workflow", field, false, false, "String")
+}
+
 func (ec *executionContext) _WorkflowConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.WorkflowConnection) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -14544,6 +16471,69 @@ func UnmarshalCreateApiKeyInput(ctx context.Context, raw any) (model.CreateAPIKe
 	return out, err
 }
 
+func (ec *executionContext) unmarshalInputCreateBulkOperationInput(ctx context.Context, obj any) (model.CreateBulkOperationInput, error) {
+	var it model.CreateBulkOperationInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"action", "filter", "reason", "idempotencyKey"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "action":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("action"))
+			data, err := ec.unmarshalNBulkAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkAction(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Action = data
+		case "filter":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("filter"))
+			data, err := ec.unmarshalORunFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunFilter(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Filter = data
+		case "reason":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("reason"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Reason = data
+		case "idempotencyKey":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("idempotencyKey"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.IdempotencyKey = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalCreateBulkOperationInput unmarshals raw into the CreateBulkOperationInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalCreateBulkOperationInput(ctx context.Context, raw any) (model.CreateBulkOperationInput, error) {
+	var out model.CreateBulkOperationInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "CreateBulkOperationInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputCreateScheduleInput(ctx context.Context, obj any) (model.CreateScheduleInput, error) {
 	var it model.CreateScheduleInput
 	if obj == nil {
@@ -15245,6 +17235,165 @@ func (ec *executionContext) _ApiKey(ctx context.Context, sel ast.SelectionSet, o
 	return out
 }
 
+var bulkFilterImplementors = []string{"BulkFilter"}
+
+func (ec *executionContext) _BulkFilter(ctx context.Context, sel ast.SelectionSet, obj *model.BulkFilter) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, bulkFilterImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("BulkFilter")
+		case "status":
+			out.Values[i] = ec._BulkFilter_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "workflowId":
+			out.Values[i] = ec._BulkFilter_workflowId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "createdAfter":
+			out.Values[i] = ec._BulkFilter_createdAfter(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "createdBefore":
+			out.Values[i] = ec._BulkFilter_createdBefore(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "metadata":
+			out.Values[i] = ec._BulkFilter_metadata(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var bulkOperationImplementors = []string{"BulkOperation"}
+
+func (ec *executionContext) _BulkOperation(ctx context.Context, sel ast.SelectionSet, obj *engine.BulkOperation) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, bulkOperationImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("BulkOperation")
+		case "id":
+			out.Values[i] = ec._BulkOperation_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "action":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._BulkOperation_action(ctx, field, obj)
+				})
+		case "status":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._BulkOperation_status(ctx, field, obj)
+				})
+		case "filter":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._BulkOperation_filter(ctx, field, obj)
+				})
+		case "reason":
+			out.Values[i] = ec._BulkOperation_reason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "idempotencyKey":
+			out.Values[i] = ec._BulkOperation_idempotencyKey(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "createdBy":
+			out.Values[i] = ec._BulkOperation_createdBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "matched":
+			out.Values[i] = ec._BulkOperation_matched(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "done":
+			out.Values[i] = ec._BulkOperation_done(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "failed":
+			out.Values[i] = ec._BulkOperation_failed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "skipped":
+			out.Values[i] = ec._BulkOperation_skipped(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "lastError":
+			out.Values[i] = ec._BulkOperation_lastError(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "createdAt":
+			out.Values[i] = ec._BulkOperation_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "updatedAt":
+			out.Values[i] = ec._BulkOperation_updatedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "finishedAt":
+			out.Values[i] = ec._BulkOperation_finishedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var createApiKeyPayloadImplementors = []string{"CreateApiKeyPayload"}
 
 func (ec *executionContext) _CreateApiKeyPayload(ctx context.Context, sel ast.SelectionSet, obj *model.CreateAPIKeyPayload) graphql.Marshaler {
@@ -15263,6 +17412,44 @@ func (ec *executionContext) _CreateApiKeyPayload(ctx context.Context, sel ast.Se
 			}
 		case "secret":
 			out.Values[i] = ec._CreateApiKeyPayload_secret(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var createBulkOperationPayloadImplementors = []string{"CreateBulkOperationPayload"}
+
+func (ec *executionContext) _CreateBulkOperationPayload(ctx context.Context, sel ast.SelectionSet, obj *model.CreateBulkOperationPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, createBulkOperationPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CreateBulkOperationPayload")
+		case "operation":
+			out.Values[i] = ec._CreateBulkOperationPayload_operation(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "created":
+			out.Values[i] = ec._CreateBulkOperationPayload_created(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -15858,6 +18045,48 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "pauseWorkflow":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_pauseWorkflow(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resumeWorkflow":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resumeWorkflow(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pauseQueue":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_pauseQueue(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resumeQueue":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resumeQueue(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createBulkOperation":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_createBulkOperation(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cancelBulkOperation":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_cancelBulkOperation(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "publishEvent":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_publishEvent(ctx, field)
@@ -16149,6 +18378,24 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_invoicePreview(ctx, field)
 				})
+		case "bulkOperation":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_bulkOperation(ctx, field)
+				})
+		case "bulkOperations":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_bulkOperations(ctx, field)
+				})
+		case "pausedQueues":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_pausedQueues(ctx, field)
+				})
 		case "events":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
@@ -16246,6 +18493,130 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 	return out
 }
 
+var queuePauseImplementors = []string{"QueuePause"}
+
+func (ec *executionContext) _QueuePause(ctx context.Context, sel ast.SelectionSet, obj *engine.QueuePause) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, queuePauseImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("QueuePause")
+		case "queue":
+			out.Values[i] = ec._QueuePause_queue(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reason":
+			out.Values[i] = ec._QueuePause_reason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "pausedBy":
+			out.Values[i] = ec._QueuePause_pausedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "pausedAt":
+			out.Values[i] = ec._QueuePause_pausedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var resumeQueuePayloadImplementors = []string{"ResumeQueuePayload"}
+
+func (ec *executionContext) _ResumeQueuePayload(ctx context.Context, sel ast.SelectionSet, obj *model.ResumeQueuePayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, resumeQueuePayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ResumeQueuePayload")
+		case "queue":
+			out.Values[i] = ec._ResumeQueuePayload_queue(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "redispatched":
+			out.Values[i] = ec._ResumeQueuePayload_redispatched(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var resumeWorkflowPayloadImplementors = []string{"ResumeWorkflowPayload"}
+
+func (ec *executionContext) _ResumeWorkflowPayload(ctx context.Context, sel ast.SelectionSet, obj *model.ResumeWorkflowPayload) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, resumeWorkflowPayloadImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ResumeWorkflowPayload")
+		case "workflow":
+			out.Values[i] = ec._ResumeWorkflowPayload_workflow(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resume":
+			out.Values[i] = ec._ResumeWorkflowPayload_resume(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var runImplementors = []string{"Run"}
 
 func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj *engine.RunView) graphql.Marshaler {
@@ -16307,6 +18678,16 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 				})
 		case "rerunOf":
 			out.Values[i] = ec._Run_rerunOf(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "parentRunId":
+			out.Values[i] = ec._Run_parentRunId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "parentNode":
+			out.Values[i] = ec._Run_parentNode(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
@@ -17097,6 +19478,8 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 		return ec._Subscription_runUpdated(ctx, fields[0])
 	case "runsChanged":
 		return ec._Subscription_runsChanged(ctx, fields[0])
+	case "bulkOperationUpdated":
+		return ec._Subscription_bulkOperationUpdated(ctx, fields[0])
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
@@ -17171,6 +19554,11 @@ func (ec *executionContext) _Task(ctx context.Context, sel ast.SelectionSet, obj
 			}
 		case "skipReason":
 			out.Values[i] = ec._Task_skipReason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "childRunId":
+			out.Values[i] = ec._Task_childRunId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
@@ -17990,6 +20378,16 @@ func (ec *executionContext) _Workflow(ctx context.Context, sel ast.SelectionSet,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Workflow_version(ctx, field, obj)
 				})
+		case "pausedAt":
+			out.Values[i] = ec._Workflow_pausedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "pauseReason":
+			out.Values[i] = ec._Workflow_pauseReason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -18536,6 +20934,62 @@ func (ec *executionContext) marshalNBoolean2bool(ctx context.Context, sel ast.Se
 	return res
 }
 
+func (ec *executionContext) unmarshalNBulkAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkAction(ctx context.Context, v any) (model.BulkAction, error) {
+	var res model.BulkAction
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBulkAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkAction(ctx context.Context, sel ast.SelectionSet, v model.BulkAction) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) marshalNBulkFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkFilter(ctx context.Context, sel ast.SelectionSet, v *model.BulkFilter) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "BulkFilter!")
+		return graphql.Null
+	}
+	return ec._BulkFilter(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNBulkOperation2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx context.Context, sel ast.SelectionSet, v engine.BulkOperation) graphql.Marshaler {
+	return ec._BulkOperation(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNBulkOperation2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperationᚄ(ctx context.Context, sel ast.SelectionSet, v []engine.BulkOperation) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNBulkOperation2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx context.Context, sel ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "BulkOperation!")
+		return graphql.Null
+	}
+	return ec._BulkOperation(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNBulkOperationStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkOperationStatus(ctx context.Context, v any) (model.BulkOperationStatus, error) {
+	var res model.BulkOperationStatus
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBulkOperationStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkOperationStatus(ctx context.Context, sel ast.SelectionSet, v model.BulkOperationStatus) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) unmarshalNCreateApiKeyInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateAPIKeyInput(ctx context.Context, v any) (model.CreateAPIKeyInput, error) {
 	res, err := ec.unmarshalInputCreateApiKeyInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -18547,6 +21001,19 @@ func (ec *executionContext) marshalNCreateApiKeyPayload2ᚖgithubᚗcomᚋcompos
 		return graphql.Null
 	}
 	return ec._CreateApiKeyPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNCreateBulkOperationInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateBulkOperationInput(ctx context.Context, v any) (model.CreateBulkOperationInput, error) {
+	res, err := ec.unmarshalInputCreateBulkOperationInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNCreateBulkOperationPayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateBulkOperationPayload(ctx context.Context, sel ast.SelectionSet, v *model.CreateBulkOperationPayload) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "CreateBulkOperationPayload!")
+		return graphql.Null
+	}
+	return ec._CreateBulkOperationPayload(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalNCreateScheduleInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateScheduleInput(ctx context.Context, v any) (model.CreateScheduleInput, error) {
@@ -18708,6 +21175,20 @@ func (ec *executionContext) marshalNInt2int(ctx context.Context, sel ast.Selecti
 	return res
 }
 
+func (ec *executionContext) unmarshalNInt2int64(ctx context.Context, v any) (int64, error) {
+	res, err := graphql.UnmarshalInt64(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNInt2int64(ctx context.Context, sel ast.SelectionSet, v int64) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalInt64(v)
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "Int!")
+	}
+	return res
+}
+
 func (ec *executionContext) unmarshalNInt642int64(ctx context.Context, v any) (int64, error) {
 	res, err := graphql.UnmarshalInt64(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -18847,6 +21328,50 @@ func (ec *executionContext) marshalNPublishEventPayload2ᚖgithubᚗcomᚋcompos
 	return ec._PublishEventPayload(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNQueuePause2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐQueuePause(ctx context.Context, sel ast.SelectionSet, v engine.QueuePause) graphql.Marshaler {
+	return ec._QueuePause(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNQueuePause2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐQueuePauseᚄ(ctx context.Context, sel ast.SelectionSet, v []engine.QueuePause) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNQueuePause2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐQueuePause(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNQueuePause2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐQueuePause(ctx context.Context, sel ast.SelectionSet, v *engine.QueuePause) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "QueuePause!")
+		return graphql.Null
+	}
+	return ec._QueuePause(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNResumeQueuePayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐResumeQueuePayload(ctx context.Context, sel ast.SelectionSet, v *model.ResumeQueuePayload) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ResumeQueuePayload!")
+		return graphql.Null
+	}
+	return ec._ResumeQueuePayload(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNResumeWorkflowPayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐResumeWorkflowPayload(ctx context.Context, sel ast.SelectionSet, v *model.ResumeWorkflowPayload) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ResumeWorkflowPayload!")
+		return graphql.Null
+	}
+	return ec._ResumeWorkflowPayload(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNRole2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRole(ctx context.Context, v any) (model.Role, error) {
 	var res model.Role
 	err := res.UnmarshalGQL(v)
@@ -18929,6 +21454,36 @@ func (ec *executionContext) unmarshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋ
 
 func (ec *executionContext) marshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatus(ctx context.Context, sel ast.SelectionSet, v model.RunStatus) graphql.Marshaler {
 	return v
+}
+
+func (ec *executionContext) unmarshalNRunStatus2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusᚄ(ctx context.Context, v any) ([]model.RunStatus, error) {
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]model.RunStatus, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatus(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalNRunStatus2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusᚄ(ctx context.Context, sel ast.SelectionSet, v []model.RunStatus) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatus(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) marshalNSchedule2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋschedulesᚐSchedule(ctx context.Context, sel ast.SelectionSet, v *schedules.Schedule) graphql.Marshaler {
@@ -19672,6 +22227,13 @@ func (ec *executionContext) marshalOBoolean2ᚖbool(ctx context.Context, sel ast
 	_ = ctx
 	res := graphql.MarshalBoolean(*v)
 	return res
+}
+
+func (ec *executionContext) marshalOBulkOperation2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐBulkOperation(ctx context.Context, sel ast.SelectionSet, v *engine.BulkOperation) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._BulkOperation(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalOEvent2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐEvent(ctx context.Context, sel ast.SelectionSet, v *engine.Event) graphql.Marshaler {

@@ -45,6 +45,7 @@ type tenantWorld struct {
 	schedule                 string // a (yearly) schedule of the workflow
 	event                    string // an event (Composer's id) that started nothing
 	secret, audit            string // a secret's name (unique to the tenant) and its audit entry
+	bulk                     string // a running bulk cancel whose filter matches nothing
 }
 
 const waitDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true}}]}`
@@ -97,6 +98,12 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 		map[string]any{"n": w.secret}).Decode(t, &struct{}{})
 	sys.GraphQL(w.owner, `{ secretAudit { id } }`, nil).Decode(t, &sec)
 	w.audit = sec.SecretAudit[0].ID
+	var op struct {
+		CreateBulkOperation struct{ Operation struct{ ID string } }
+	}
+	sys.GraphQL(w.owner, `mutation { createBulkOperation(input: {action: CANCEL, filter: {metadata: {nothing: "matches"}, createdAfter: "2100-01-01T00:00:00Z"}}) { operation { id } } }`,
+		nil).Decode(t, &op)
+	w.bulk = op.CreateBulkOperation.Operation.ID
 	// A connected worker of the tenant (a poll with no free slot registers it).
 	_, err := sys.Server.Poller.Poll(context.Background(), taskpoll.Caller{Tenant: tenant, KeyID: "k"}, taskapi.PollRequest{
 		WorkerID: "worker-" + tenant.String(), PollID: "p1", Queues: []string{"default"}, Handlers: []string{"work"}, Capacity: 4, TTLMillis: 30_000})
@@ -171,7 +178,6 @@ var idCases = map[string]idCase{
 	"Mutation.deleteSchedule.id": {query: `mutation($id: ID!) { deleteSchedule(id: $id) }`, vars: scheduleOf},
 	"Mutation.backfillSchedule.id": {query: `mutation($id: ID!) { backfillSchedule(id: $id, from: "2020-01-01T00:00:00Z", to: "2021-01-01T00:00:00Z") { runId } }`,
 		vars: scheduleOf},
-	"Query.event.id":             {query: `query($id: ID!) { event(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.event} }},
 	"Query.secret.name":          {query: `query($n: SecretName!) { secret(name: $n) { name } }`, vars: secretOf},
 	"Mutation.updateSecret.name": {query: `mutation($n: SecretName!) { updateSecret(name: $n, value: "b-overwrites") { version } }`, vars: secretOf},
 	"Mutation.deleteSecret.name": {query: `mutation($n: SecretName!) { deleteSecret(name: $n) }`, vars: secretOf},
@@ -179,6 +185,15 @@ var idCases = map[string]idCase{
 	"Query.secretAudit.name":     {query: `query($n: SecretName) { secretAudit(name: $n) { id } }`, vars: secretOf, listEmpty: "secretAudit"},
 	"Query.secretAudit.after": {query: `query($id: ID) { secretAudit(after: $id) { id } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.audit} }, listEmpty: "secretAudit"},
+	"Query.event.id":                       {query: `query($id: ID!) { event(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.event} }},
+	"Query.bulkOperation.id":               {query: `query($id: ID!) { bulkOperation(id: $id) { id } }`, vars: bulkOf},
+	"Query.bulkOperations.after":           {query: `query($id: ID!) { bulkOperations(after: $id) { id } }`, vars: bulkOf, listEmpty: "bulkOperations"},
+	"Mutation.cancelBulkOperation.id":      {query: `mutation($id: ID!) { cancelBulkOperation(id: $id) { id } }`, vars: bulkOf},
+	"Subscription.bulkOperationUpdated.id": {query: `subscription($id: ID!) { bulkOperationUpdated(id: $id) { id matched } }`, vars: bulkOf},
+	"Mutation.pauseWorkflow.id": {query: `mutation($id: ID!) { pauseWorkflow(id: $id) { id } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
+	"Mutation.resumeWorkflow.id": {query: `mutation($id: ID!) { resumeWorkflow(id: $id) { workflow { id } } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"CreateScheduleInput.workflowId": {query: `mutation($id: ID!) { createSchedule(input: {workflowId: $id, cron: "0 0 1 1 *"}) { id } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 }
@@ -186,6 +201,7 @@ var idCases = map[string]idCase{
 func scheduleOf(a tenantWorld) map[string]any { return map[string]any{"id": a.schedule} }
 
 func secretOf(a tenantWorld) map[string]any { return map[string]any{"n": a.secret} }
+func bulkOf(a tenantWorld) map[string]any { return map[string]any{"id": a.bulk} }
 
 func endpointOf(a tenantWorld) map[string]any { return map[string]any{"id": a.endpoint} }
 func deliveryOf(a tenantWorld) map[string]any { return map[string]any{"id": a.delivery} }
@@ -315,12 +331,19 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 		secretOf(a)).Decode(t, &sec)
 	assert.Equal(t, 1, sec.Secret.Version, "B updated A's secret")
 	assert.Len(t, sec.SecretAudit, 1, "B's changes reached A's audit")
+	var wf struct{ Workflow struct{ PausedAt *string } }
+	sys.GraphQL(a.owner, `query($id: ID!) { workflow(id: $id) { pausedAt } }`, map[string]any{"id": a.workflow}).Decode(t, &wf)
+	assert.Nil(t, wf.Workflow.PausedAt, "B paused A's workflow")
+	var op struct{ BulkOperation struct{ Status string } }
+	sys.GraphQL(a.owner, `query($id: ID!) { bulkOperation(id: $id) { status } }`, map[string]any{"id": a.bulk}).Decode(t, &op)
+	assert.NotEqual(t, "CANCELLED", op.BulkOperation.Status, "B cancelled A's bulk operation")
 	// B's lists contain nothing of A's.
 	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
 		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } workers { id } schedules { edges { node { id } } }
-		secrets { name } secretAudit { id } }`, nil)
+		bulkOperations { id } pausedQueues { queue } secrets { name } secretAudit { id } }`, nil)
 	require.Empty(t, res.Errors)
-	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery, a.schedule, a.secret, a.audit} {
+	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery, a.schedule, a.bulk,
+		a.secret, a.audit} {
 		assert.NotContains(t, string(res.Data), id)
 	}
 	var ws struct{ Workers []struct{ ID string } }

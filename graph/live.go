@@ -27,6 +27,9 @@ import (
 // before it pushes. Delivery is best effort (a missed change is corrected
 // by the next one, or a refetch); the database stays the truth.
 //
+// Bulk operations' progress travels the same way (Change.Bulk: the id is
+// the operation's, read with readOp; PublishOp after each batch).
+//
 // Subscriptions are capped per connection, per principal and per tenant
 // on each replica (LiveLimits): past a cap, a new one is QUOTA_EXCEEDED.
 type Live struct {
@@ -36,8 +39,10 @@ type Live struct {
 	out    chan Change
 	limits LiveLimits
 	// read reads a run for a tenant's subscribers (set by the resolver).
-	read  func(ctx context.Context, tenant, run uuid.UUID) (*engine.RunView, error)
-	reads chan struct{} // bounds the reads in flight
+	read func(ctx context.Context, tenant, run uuid.UUID) (*engine.RunView, error)
+	// readOp reads a bulk operation for a tenant's subscribers.
+	readOp func(ctx context.Context, tenant, op uuid.UUID) (*engine.BulkOperation, error)
+	reads  chan struct{} // bounds the reads in flight
 
 	fetches sync.WaitGroup // fetches in flight
 
@@ -69,12 +74,16 @@ type Change struct {
 	Event    string    `json:"event"`
 	Status   string    `json:"status"`
 	Terminal bool      `json:"terminal"`
+	// Bulk marks a bulk operation's progress: Run is the operation's id.
+	Bulk bool `json:"bulk,omitempty"`
 }
 
-// Update is what a subscriber receives: the run as read after a change.
+// Update is what a subscriber receives: the run as read after a change
+// (or, for a bulk operation's subscription, the operation).
 type Update struct {
 	Event string
 	Run   *engine.RunView
+	Op    *engine.BulkOperation
 }
 
 type tenantSubs struct {
@@ -90,6 +99,7 @@ type readState struct {
 
 type liveSub struct {
 	run       uuid.UUID // uuid.Nil: every run of the tenant
+	bulk      bool      // run is a bulk operation's id
 	principal string
 	ch        chan Update
 	latest    bool // keep only the newest update (one run's subscription)
@@ -121,6 +131,14 @@ func (l *Live) channel(tenant uuid.UUID) string { return stream.NewNames(l.ns).L
 func (l *Live) Publish(t engine.Transition) {
 	select {
 	case l.out <- Change{Tenant: t.Tenant, Run: t.RunID, Event: t.Event, Status: string(t.Status), Terminal: t.Terminal}:
+	default:
+	}
+}
+
+// PublishOp queues a bulk operation's progress for publishing, as Publish.
+func (l *Live) PublishOp(tenant, op uuid.UUID, status string) {
+	select {
+	case l.out <- Change{Tenant: tenant, Run: op, Event: "bulk_progress", Status: status, Bulk: true, Terminal: status != engine.BulkRunning}:
 	default:
 	}
 }
@@ -186,7 +204,7 @@ func (l *Live) changed(c Change) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ts := l.tenants[c.Tenant]
-	if ts == nil || !ts.wants(c.Run) {
+	if ts == nil || !ts.wants(c.Run, c.Bulk) {
 		return
 	}
 	if st := ts.reading[c.Run]; st != nil {
@@ -197,13 +215,17 @@ func (l *Live) changed(c Change) {
 	l.fetches.Add(1)
 	go func() {
 		defer l.fetches.Done()
-		l.fetch(c.Tenant, c.Run)
+		l.fetch(c.Tenant, c.Run, c.Bulk)
 	}()
 }
 
-func (ts *tenantSubs) wants(run uuid.UUID) bool {
+func (s *liveSub) wants(run uuid.UUID, bulk bool) bool {
+	return s.bulk == bulk && (s.run == uuid.Nil || s.run == run)
+}
+
+func (ts *tenantSubs) wants(run uuid.UUID, bulk bool) bool {
 	for s := range ts.subs {
-		if s.run == uuid.Nil || s.run == run {
+		if s.wants(run, bulk) {
 			return true
 		}
 	}
@@ -212,7 +234,7 @@ func (ts *tenantSubs) wants(run uuid.UUID) bool {
 
 // fetch reads a run once and hands it to its subscribers, again while
 // changes came in during the read.
-func (l *Live) fetch(tenant, run uuid.UUID) {
+func (l *Live) fetch(tenant, run uuid.UUID, bulk bool) {
 	for {
 		l.mu.Lock()
 		ts := l.tenants[tenant]
@@ -225,7 +247,13 @@ func (l *Live) fetch(tenant, run uuid.UUID) {
 		st.dirty = false
 		l.mu.Unlock()
 		l.reads <- struct{}{}
-		view, err := l.read(ctx, tenant, run)
+		var u Update
+		var err error
+		if bulk {
+			u.Op, err = l.readOp(ctx, tenant, run)
+		} else {
+			u.Run, err = l.read(ctx, tenant, run)
+		}
 		<-l.reads
 		if err != nil && errs.KindOf(err) != errs.NotFound && ctx.Err() == nil {
 			l.log.Warn("reading a changed run for live updates failed", zap.Stringer("tenant_id", tenant), zap.Error(err))
@@ -237,9 +265,10 @@ func (l *Live) fetch(tenant, run uuid.UUID) {
 			return
 		}
 		if err == nil {
+			u.Event = event
 			for s := range ts.subs {
-				if s.run == uuid.Nil || s.run == run {
-					s.deliver(Update{Event: event, Run: view})
+				if s.wants(run, bulk) {
+					s.deliver(u)
 				}
 			}
 		}
@@ -282,6 +311,16 @@ func (l *Live) Subscriptions() int {
 // Subscribe returns the updates of one run of a tenant (run set) or of
 // all its runs (run nil) for the principal, until cancel is called.
 func (l *Live) Subscribe(ctx context.Context, tenant uuid.UUID, principal string, run uuid.UUID) (<-chan Update, func(), error) {
+	return l.subscribe(ctx, tenant, principal, run, false)
+}
+
+// SubscribeOp returns the progress of one bulk operation of a tenant, as
+// Subscribe (the same caps).
+func (l *Live) SubscribeOp(ctx context.Context, tenant uuid.UUID, principal string, op uuid.UUID) (<-chan Update, func(), error) {
+	return l.subscribe(ctx, tenant, principal, op, true)
+}
+
+func (l *Live) subscribe(ctx context.Context, tenant uuid.UUID, principal string, run uuid.UUID, bulk bool) (<-chan Update, func(), error) {
 	sess := sessionFrom(ctx)
 	if sess != nil {
 		if err := sess.take(l.limits.PerConnection); err != nil {
@@ -294,7 +333,7 @@ func (l *Live) Subscribe(ctx context.Context, tenant uuid.UUID, principal string
 		}
 		return nil, nil, err
 	}
-	s := &liveSub{run: run, principal: principal, latest: run != uuid.Nil}
+	s := &liveSub{run: run, bulk: bulk, principal: principal, latest: run != uuid.Nil}
 	if s.latest {
 		s.ch = make(chan Update, 1)
 	} else {

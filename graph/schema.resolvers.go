@@ -366,15 +366,9 @@ func (r *queryResolver) Runs(ctx context.Context, first *int, after *string, fil
 		}
 		cursor = &id
 	}
-	var f engine.RunFilter
-	if filter != nil {
-		for _, s := range filter.Status {
-			f.Statuses = append(f.Statuses, strings.ToLower(string(s)))
-		}
-		f.WorkflowID, f.CreatedAfter, f.CreatedBefore, f.IdempotencyKey = filter.WorkflowID, filter.CreatedAfter, filter.CreatedBefore, filter.IdempotencyKey
-		if f.Metadata, err = metadataArg("filter.metadata", filter.Metadata); err != nil {
-			return nil, err
-		}
+	f, err := runFilterArg(filter)
+	if err != nil {
+		return nil, err
 	}
 	var list []engine.RunView
 	var more bool
@@ -505,7 +499,7 @@ func (r *subscriptionResolver) RunUpdated(ctx context.Context, id uuid.UUID) (<-
 	go func() {
 		defer close(out)
 		defer cancel()
-		if !send(ctx, out, first) || first.Status != "running" {
+		if !send(ctx, out, first) || !live(first.Status) {
 			return
 		}
 		for {
@@ -513,7 +507,7 @@ func (r *subscriptionResolver) RunUpdated(ctx context.Context, id uuid.UUID) (<-
 			case <-ctx.Done():
 				return
 			case u, ok := <-updates:
-				if !ok || !pushable(ctx) || !send(ctx, out, u.Run) || u.Run.Status != "running" {
+				if !ok || !pushable(ctx) || !send(ctx, out, u.Run) || !live(u.Run.Status) {
 					return
 				}
 			}

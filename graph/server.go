@@ -112,6 +112,7 @@ func NewHandler(o Options) http.Handler {
 	srv := handler.New(NewExecutableSchema(Config{Resolvers: r, Complexity: complexity()}))
 	if r.Live != nil {
 		r.Live.read = r.snapshot
+		r.Live.readOp = r.bulkSnapshot
 	}
 	srv.AddTransport(transport.Websocket{
 		Implementation: sessionWS{inner: transport.CoderWebsocketImplementation{AcceptOptions: websocket.AcceptOptions{

@@ -325,6 +325,11 @@ func (w *Workflow) EvalMetadata(input json.RawMessage) (map[string]string, error
 // evalObject evaluates a mapping into a JSON object of at most
 // MaxValueBytes. The scope is decoded once for all its expressions.
 func evalObject(field string, progs map[string]*program, s Scope) (json.RawMessage, error) {
+	return evalObjectWith(field, progs, s, nil)
+}
+
+// evalObjectWith is evalObject with more variables in the activation.
+func evalObjectWith(field string, progs map[string]*program, s Scope, extra map[string]any) (json.RawMessage, error) {
 	var refs []string
 	keys := make([]string, 0, len(progs))
 	for k, p := range progs {
@@ -336,6 +341,7 @@ func evalObject(field string, progs map[string]*program, s Scope) (json.RawMessa
 	if err != nil {
 		return nil, err
 	}
+	maps.Copy(act, extra)
 	b := &budget{left: MaxValueBytes}
 	out := make(map[string]any, len(progs))
 	for _, k := range keys {
@@ -468,4 +474,73 @@ func toNative(v ref.Val, b *budget) (any, error) {
 		return x, b.spend(len(enc))
 	}
 	return nil, fmt.Errorf("value of type %s cannot be written as JSON", v.Type().TypeName())
+}
+
+var (
+	itemEnvOnce sync.Once
+	itemEnv     *cel.Env
+	itemEnvErr  error
+)
+
+// compileItemExpr compiles an expression of a map step's input mapping:
+// the run's variables and the element (`item`) and its position (`index`).
+func compileItemExpr(src string) (*program, error) {
+	itemEnvOnce.Do(func() {
+		itemEnv, itemEnvErr = newEnv(
+			cel.Variable("input", cel.DynType),
+			cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
+			cel.Variable("item", cel.DynType),
+			cel.Variable("index", cel.IntType))
+	})
+	if itemEnvErr != nil {
+		return nil, itemEnvErr
+	}
+	p, _, err := compileIn(itemEnv, src, false)
+	return p, err
+}
+
+// EvalItems evaluates a map node's items: a list of at most MaxMapItems
+// elements, as plain JSON values, within MaxValueBytes.
+func (n *Node) EvalItems(s Scope) ([]any, error) {
+	if n.Map == nil || n.Map.items == nil {
+		return nil, fmt.Errorf("map.items: not a map node")
+	}
+	v, err := n.Map.items.eval(s)
+	if err != nil {
+		return nil, fmt.Errorf("map.items: %w", err)
+	}
+	l, ok := v.(traits.Lister)
+	if !ok {
+		return nil, fmt.Errorf("map.items: %s evaluated to %s, not a list", n.Map.items.source, v.Type().TypeName())
+	}
+	if size := int(l.Size().(types.Int)); size > MaxMapItems {
+		return nil, fmt.Errorf("map.items: %d elements; a map runs at most %d", size, MaxMapItems)
+	}
+	nv, err := toNative(v, &budget{left: MaxValueBytes})
+	if err != nil {
+		return nil, fmt.Errorf("map.items: %w", err)
+	}
+	return nv.([]any), nil
+}
+
+// EvalItemInput evaluates the input of a map node's step for element
+// index: its input mapping over the scope, `item` and `index`, or
+// {"item": item, "index": index} without one.
+func (n *Node) EvalItemInput(s Scope, item any, index int) (json.RawMessage, error) {
+	st := n.Map.Step
+	if len(st.input) == 0 {
+		b, err := json.Marshal(map[string]any{"item": item, "index": index})
+		if err != nil {
+			return nil, fmt.Errorf("map.step.input: %w", err)
+		}
+		if len(b) > MaxValueBytes {
+			return nil, fmt.Errorf("map.step.input: %w: more than %d bytes", ErrValueTooLarge, MaxValueBytes)
+		}
+		return b, nil
+	}
+	out, err := evalObjectWith("map.step.input", st.input, s, map[string]any{"item": item, "index": int64(index)})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }

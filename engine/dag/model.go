@@ -3,6 +3,7 @@ package dag
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -22,6 +23,12 @@ const (
 	TypeWait NodeType = "wait"
 	// TypeNoop completes at once on a worker; for benchmarks and tests.
 	TypeNoop NodeType = "noop"
+	// TypeWorkflow starts a child run of another workflow and completes
+	// with its output; no worker.
+	TypeWorkflow NodeType = "workflow"
+	// TypeMap runs a step (or a child workflow) for each element of a
+	// list, at most MaxParallelism at once; no worker of its own.
+	TypeMap NodeType = "map"
 )
 
 // RunsOnWorker reports whether nodes of this type are dispatched to workers
@@ -84,10 +91,44 @@ type Node struct {
 	Task                   *TaskSpec         `json:"task,omitempty"`
 	Sleep                  *SleepSpec        `json:"sleep,omitempty"`
 	Wait                   *WaitSpec         `json:"wait,omitempty"`
+	Workflow               *WorkflowSpec     `json:"workflow,omitempty"`
+	Map                    *MapSpec          `json:"map,omitempty"`
 
 	cond  *program
 	input map[string]*program
 }
+
+// WorkflowSpec names the workflow a workflow node starts a child run of:
+// its latest version, or Version.
+type WorkflowSpec struct {
+	Name    string `json:"name"`
+	Version int    `json:"version,omitempty"`
+}
+
+// MapSpec configures a map node: Items (a CEL expression over the run
+// input and upstream outputs giving a list) has one element per execution
+// of Step (an http, task, noop or workflow step without id, depends_on or
+// if; its input mapping also sees `item` and `index`, and without one its
+// input is {"item": <element>, "index": <i>}), at most MaxParallelism at
+// once (default DefaultMapParallelism), started in element order. The map
+// completes with the list of the steps' outputs in element order.
+type MapSpec struct {
+	Items          string `json:"items"`
+	MaxParallelism int    `json:"max_parallelism,omitempty"`
+	Step           *Node  `json:"step"`
+
+	items *program
+}
+
+// Map bounds.
+const (
+	MaxMapItems           = 10_000
+	MaxMapParallelism     = 1_000
+	DefaultMapParallelism = 10
+	// MaxChildDepth bounds how deeply child runs nest (a run's depth is
+	// its parent's plus one; a top-level run has depth 0).
+	MaxChildDepth = 8
+)
 
 // HTTPSpec configures an http node. When Body is empty, POST, PUT and
 // PATCH send the node's input as the JSON body; GET, HEAD, DELETE and
@@ -219,8 +260,46 @@ func ParseDuration(s string) (time.Duration, error) {
 	return v, nil
 }
 
-// Node returns the node with the given id, or nil.
-func (w *Workflow) Node(id string) *Node { return w.byID[id] }
+// Node returns the node with the given id, or nil. The id of a map
+// element ("fan[3]") names the map's step.
+func (w *Workflow) Node(id string) *Node {
+	if n := w.byID[id]; n != nil {
+		return n
+	}
+	if base, _, ok := ParseItemID(id); ok {
+		if m := w.byID[base]; m != nil && m.Map != nil {
+			return m.Map.Step
+		}
+	}
+	return nil
+}
+
+// ItemID is the task id of element i of map node id.
+func ItemID(id string, i int) string { return id + "[" + strconv.Itoa(i) + "]" }
+
+// ParseItemID splits a map element's id into its map node and index.
+func ParseItemID(id string) (string, int, bool) {
+	if !strings.HasSuffix(id, "]") {
+		return "", 0, false
+	}
+	open := strings.LastIndexByte(id, '[')
+	if open < 1 {
+		return "", 0, false
+	}
+	i, err := strconv.Atoi(id[open+1 : len(id)-1])
+	if err != nil || i < 0 || strconv.Itoa(i) != id[open+1:len(id)-1] {
+		return "", 0, false
+	}
+	return id[:open], i, true
+}
+
+// Parallelism is a map node's MaxParallelism or its default.
+func (m *MapSpec) Parallelism() int {
+	if m.MaxParallelism <= 0 {
+		return DefaultMapParallelism
+	}
+	return m.MaxParallelism
+}
 
 // Order returns the node ids in a topological order (dependencies first).
 func (w *Workflow) Order() []string { return w.order }

@@ -103,7 +103,7 @@ type template struct {
 // parseTemplate splits s into literal text and {{ }} segments, compiling
 // each. inURL marks the url, whose segments are escaped by position and
 // may not precede the path.
-func parseTemplate(s string, inURL bool) (*template, []string, error) {
+func parseTemplate(s string, inURL bool, env func() (*cel.Env, error)) (*template, []string, error) {
 	if len(s) > MaxTemplateSize {
 		return nil, nil, fmt.Errorf("is longer than %d bytes", MaxTemplateSize)
 	}
@@ -142,7 +142,7 @@ func parseTemplate(s string, inURL bool) (*template, []string, error) {
 		}
 		src := strings.TrimSpace(rest[i+2 : i+2+end])
 		rest = rest[i+2+end+2:]
-		seg, reads, err := compileSegment(src)
+		seg, reads, err := compileSegment(src, env)
 		if err != nil {
 			return nil, nil, fmt.Errorf("{{ %s }}: %w", src, err)
 		}
@@ -169,12 +169,17 @@ var (
 	templateEnv = sync.OnceValues(func() (*cel.Env, error) {
 		return newEnv(cel.Variable("input", cel.DynType), cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)), secretsVar)
 	})
+	// itemTemplateEnv compiles a map step's segments: item and index too.
+	itemTemplateEnv = sync.OnceValues(func() (*cel.Env, error) {
+		return newEnv(cel.Variable("input", cel.DynType), cel.Variable("nodes", cel.MapType(cel.StringType, cel.DynType)),
+			cel.Variable("item", cel.DynType), cel.Variable("index", cel.IntType), secretsVar)
+	})
 	// secretsEnv evaluates segments over secrets: secrets alone.
 	secretsEnv = sync.OnceValues(func() (*cel.Env, error) { return newEnv(secretsVar) })
 )
 
-func compileSegment(src string) (segment, []string, error) {
-	e, err := templateEnv()
+func compileSegment(src string, env func() (*cel.Env, error)) (segment, []string, error) {
+	e, err := env()
 	if err != nil {
 		return segment{}, nil, err
 	}
@@ -187,8 +192,8 @@ func compileSegment(src string) (segment, []string, error) {
 		return segment{prog: p}, nil, nil
 	}
 	switch {
-	case idents["input"] || idents["nodes"]:
-		return segment{}, nil, errors.New("reads secrets and input or nodes: an expression over secrets may read nothing else (use one {{ }} for each)")
+	case idents["input"] || idents["nodes"] || idents["item"] || idents["index"]:
+		return segment{}, nil, errors.New("reads secrets and the run's data: an expression over secrets may read nothing else (use one {{ }} for each)")
 	case dynamic:
 		return segment{}, nil, errors.New(`reads secrets other than by name: write secrets.NAME or secrets["NAME"]`)
 	}
@@ -385,18 +390,29 @@ type httpTemplates struct {
 	headers map[string]*template
 	secrets []string
 	static  bool
+	prefix  string // of the fields errors name: "http." or "map.step.http."
 }
 
 // compileHTTP compiles the node's url, query and header templates,
 // reporting problems against http.url, http.query.NAME, http.headers.NAME.
 func (n *Node) compileHTTP(ps *problems, check func(string, *program)) {
-	h := n.HTTP
-	ht := &httpTemplates{query: map[string]*template{}, headers: map[string]*template{}, static: true}
+	n.HTTP.compile(ps, n.ID, "http.", templateEnv, check)
+}
+
+// compileHTTPStep compiles a map node's http step's templates, which also
+// read item and index, reporting problems against the map node's
+// map.step.http fields.
+func (n *Node) compileHTTPStep(ps *problems, check func(string, *program)) {
+	n.Map.Step.HTTP.compile(ps, n.ID, "map.step.http.", itemTemplateEnv, check)
+}
+
+func (h *HTTPSpec) compile(ps *problems, node, prefix string, env func() (*cel.Env, error), check func(string, *program)) {
+	ht := &httpTemplates{query: map[string]*template{}, headers: map[string]*template{}, static: true, prefix: prefix}
 	names := map[string]bool{}
 	add := func(field, src string, inURL bool) *template {
-		t, reads, err := parseTemplate(src, inURL)
+		t, reads, err := parseTemplate(src, inURL, env)
 		if err != nil {
-			ps.add(n.ID, field, "%v", err)
+			ps.add(node, field, "%v", err)
 			return nil
 		}
 		for _, s := range t.segments {
@@ -410,12 +426,12 @@ func (n *Node) compileHTTP(ps *problems, check func(string, *program)) {
 		ht.static = ht.static && t.static
 		return t
 	}
-	ht.url = add("http.url", h.URL, true)
+	ht.url = add(prefix+"url", h.URL, true)
 	for _, k := range slices.Sorted(maps.Keys(h.Query)) {
-		ht.query[k] = add("http.query."+k, h.Query[k], false)
+		ht.query[k] = add(prefix+"query."+k, h.Query[k], false)
 	}
 	for _, k := range slices.Sorted(maps.Keys(h.Headers)) {
-		ht.headers[k] = add("http.headers."+k, h.Headers[k], false)
+		ht.headers[k] = add(prefix+"headers."+k, h.Headers[k], false)
 	}
 	ht.secrets = slices.Sorted(maps.Keys(names))
 	h.templates = ht
@@ -433,10 +449,27 @@ func (n *Node) SecretNames() []string {
 // scope. Segments over secrets stay parts for the executor. Errors name the
 // field (http.url, http.query.NAME, http.headers.NAME).
 func (n *Node) EvalRequest(s Scope) (*Request, error) {
-	if n.HTTP == nil || n.HTTP.templates == nil {
+	if n.HTTP == nil {
 		return nil, nil
 	}
-	ht := n.HTTP.templates
+	return n.HTTP.evalRequest(s, nil)
+}
+
+// EvalItemRequest renders a map node's http step's request for element
+// index, over the scope, item and index. Errors name the map.step.http
+// field.
+func (n *Node) EvalItemRequest(s Scope, item any, index int) (*Request, error) {
+	if n.Map == nil || n.Map.Step.HTTP == nil {
+		return nil, nil
+	}
+	return n.Map.Step.HTTP.evalRequest(s, map[string]any{"item": item, "index": int64(index)})
+}
+
+func (h *HTTPSpec) evalRequest(s Scope, extra map[string]any) (*Request, error) {
+	ht := h.templates
+	if ht == nil {
+		return nil, nil
+	}
 	var refs []string
 	if ht.url != nil {
 		refs = append(refs, ht.url.refs()...)
@@ -453,6 +486,7 @@ func (n *Node) EvalRequest(s Scope) (*Request, error) {
 		if act, err = s.activation(refs); err != nil {
 			return nil, err
 		}
+		maps.Copy(act, extra)
 	}
 	r := &Request{Headers: make(map[string]Value, len(ht.headers)), Secrets: ht.secrets}
 	total := 0
@@ -471,13 +505,13 @@ func (n *Node) EvalRequest(s Scope) (*Request, error) {
 		}
 		return v, null, nil
 	}
-	v, _, err := render("http.url", ht.url)
+	v, _, err := render(ht.prefix+"url", ht.url)
 	if err != nil {
 		return nil, err
 	}
 	r.URL = v
 	for _, k := range slices.Sorted(maps.Keys(ht.query)) {
-		v, null, err := render("http.query."+k, ht.query[k])
+		v, null, err := render(ht.prefix+"query."+k, ht.query[k])
 		if err != nil {
 			return nil, err
 		}
@@ -486,12 +520,12 @@ func (n *Node) EvalRequest(s Scope) (*Request, error) {
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(ht.headers)) {
-		v, _, err := render("http.headers."+k, ht.headers[k])
+		v, _, err := render(ht.prefix+"headers."+k, ht.headers[k])
 		if err != nil {
 			return nil, err
 		}
 		if strings.ContainsAny(v.Text, "\r\n\x00") {
-			return nil, fmt.Errorf("http.headers.%s: the value holds a line break or NUL", k)
+			return nil, fmt.Errorf("%sheaders.%s: the value holds a line break or NUL", ht.prefix, k)
 		}
 		r.Headers[k] = v
 	}

@@ -12,7 +12,9 @@ import (
 )
 
 var (
-	idPattern     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+	idPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+	// WorkflowName is what a workflow's name looks like.
+	WorkflowName  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 	queuePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,63}$`)
 	signalPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 	headerPattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
@@ -91,13 +93,14 @@ func (w *Workflow) validate() []Problem {
 
 func (n *Node) validate(ps *problems, label string) {
 	switch n.Type {
-	case TypeHTTP, TypeTask, TypeSleep, TypeWait, TypeNoop:
+	case TypeHTTP, TypeTask, TypeSleep, TypeWait, TypeNoop, TypeWorkflow, TypeMap:
 	case "":
-		ps.add(label, "type", "is required (http, task, sleep, wait or noop)")
+		ps.add(label, "type", "is required (http, task, sleep, wait, noop, workflow or map)")
 	default:
-		ps.add(label, "type", "unknown type %q (use http, task, sleep, wait or noop)", n.Type)
+		ps.add(label, "type", "unknown type %q (use http, task, sleep, wait, noop, workflow or map)", n.Type)
 	}
-	spec := map[NodeType]bool{TypeHTTP: n.HTTP != nil, TypeTask: n.Task != nil, TypeSleep: n.Sleep != nil, TypeWait: n.Wait != nil}
+	spec := map[NodeType]bool{TypeHTTP: n.HTTP != nil, TypeTask: n.Task != nil, TypeSleep: n.Sleep != nil, TypeWait: n.Wait != nil,
+		TypeWorkflow: n.Workflow != nil, TypeMap: n.Map != nil}
 	for t, present := range spec {
 		if present && t != n.Type {
 			ps.add(label, string(t), "is only allowed on nodes of type %s", t)
@@ -200,6 +203,45 @@ func (n *Node) validate(ps *problems, label string) {
 	for k := range n.Input {
 		if !inputKey.MatchString(k) {
 			ps.add(label, "input", "key %q must be an identifier", k)
+		}
+	}
+	if wf := n.Workflow; wf != nil {
+		if !WorkflowName.MatchString(wf.Name) {
+			ps.add(label, "workflow.name", "must name a workflow: 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit")
+		}
+		if wf.Version < 0 {
+			ps.add(label, "workflow.version", "must be positive (or left out for the latest)")
+		}
+	}
+	if m := n.Map; m != nil {
+		switch {
+		case strings.TrimSpace(m.Items) == "":
+			ps.add(label, "map.items", "is required: an expression giving a list")
+		case len(m.Items) > MaxExpressionBytes:
+			ps.add(label, "map.items", "is longer than %d bytes", MaxExpressionBytes)
+		}
+		if m.MaxParallelism < 0 || m.MaxParallelism > MaxMapParallelism {
+			ps.add(label, "map.max_parallelism", "must be between 1 and %d", MaxMapParallelism)
+		}
+		st := m.Step
+		if st == nil {
+			ps.add(label, "map.step", "is required")
+			return
+		}
+		switch st.Type {
+		case TypeHTTP, TypeTask, TypeNoop, TypeWorkflow:
+		default:
+			ps.add(label, "map.step.type", "must be http, task, noop or workflow")
+		}
+		if st.ID != "" || len(st.DependsOn) > 0 || st.If != "" {
+			ps.add(label, "map.step", "takes no id, depends_on or if (the map node has them)")
+		}
+		var inner problems
+		st.validate(&inner, label)
+		for _, p := range inner {
+			if p.Field != "type" { // (reported above, in the step's terms)
+				ps.add(label, "map.step."+p.Field, "%s", p.Message)
+			}
 		}
 	}
 }
@@ -368,6 +410,29 @@ func (w *Workflow) compile(ps *problems) {
 			}
 			check(field, p)
 			n.input[k] = p
+		}
+		if m := n.Map; m != nil {
+			if p, err := compile(m.Items, false); err != nil {
+				ps.add(n.ID, "map.items", "%v", err)
+			} else {
+				check("map.items", p)
+				m.items = p
+			}
+			st := m.Step
+			st.input = make(map[string]*program, len(st.Input))
+			for _, k := range slices.Sorted(maps.Keys(st.Input)) {
+				field := "map.step.input." + k
+				p, err := compileItemExpr(st.Input[k])
+				if err != nil {
+					ps.add(n.ID, field, "%v", err)
+					continue
+				}
+				check(field, p)
+				st.input[k] = p
+			}
+			if st.HTTP != nil {
+				n.compileHTTPStep(ps, check)
+			}
 		}
 	}
 	w.output = make(map[string]*program, len(w.Output))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"time"
 
@@ -30,6 +31,8 @@ func Decide(wf *dag.Workflow, run *Run, ev Event, now time.Time) Transition {
 		m.signal(e.Signal)
 	case EventReceived:
 		m.event(e.Event)
+	case ChildFinished:
+		m.childFinished(e)
 	case CancelRequested:
 		m.cancel(e.Reason)
 	case RerunRequested:
@@ -125,7 +128,35 @@ func (m *machine) taskCompleted(e NodeCompleted) {
 		return
 	}
 	m.complete(t, e.Output)
+	m.itemDone(t.NodeID)
 	m.advance()
+}
+
+func (m *machine) childFinished(e ChildFinished) {
+	t := m.activeTask(e.NodeID, e.TaskID, e.Attempt, TaskWaiting)
+	if t == nil {
+		return
+	}
+	if n := m.wf.Node(t.NodeID); n == nil || n.Type != dag.TypeWorkflow {
+		m.ignore("node %s does not run a child workflow", t.NodeID)
+		return
+	}
+	if e.Status == RunCompleted {
+		m.complete(t, e.Output)
+		m.itemDone(t.NodeID)
+		m.advance()
+		return
+	}
+	err := Error{Code: CodeChildFailed, Message: fmt.Sprintf("child run %s %s", e.ChildID, e.Status)}
+	if e.Error != nil {
+		if e.Error.Code == CodeChildRefused {
+			err = *e.Error
+		} else {
+			err.Message += ": " + e.Error.Message
+			err.Details = mustJSON(e.Error)
+		}
+	}
+	m.failNode(t, err)
 }
 
 func (m *machine) complete(t *Task, out json.RawMessage) {
@@ -168,7 +199,7 @@ func (m *machine) attemptFailed(t *Task, err Error, retryable bool, retryAfter t
 		m.emit(RetryTask{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, Error: err, NotBefore: at})
 		t.State, t.Error = TaskPending, &err
 		t.Attempt++
-		m.scheduleToStart(node, t.Attempt, at)
+		m.scheduleToStart(node, t.NodeID, t.Attempt, at)
 		return
 	}
 	m.failNode(t, err)
@@ -195,7 +226,7 @@ func (m *machine) failRun(err Error) {
 }
 
 func (m *machine) cancelActive() {
-	for _, id := range m.wf.Order() {
+	for _, id := range m.taskOrder() {
 		if t := m.run.Tasks[id]; t != nil && t.State.Active() {
 			m.emit(CancelTask{NodeID: id, TaskID: t.ID})
 			t.State = TaskCancelled
@@ -317,6 +348,31 @@ func approved(payload json.RawMessage) bool {
 	return json.Unmarshal(payload, &d) == nil && d.Approved
 }
 
+// taskOrder lists every task's node id deterministically: the nodes in
+// topological order, each map node followed by its elements by index.
+func (m *machine) taskOrder() []string {
+	out := make([]string, 0, len(m.run.Tasks))
+	var items map[string][]int
+	for id := range m.run.Tasks {
+		if base, i, ok := dag.ParseItemID(id); ok {
+			if items == nil {
+				items = map[string][]int{}
+			}
+			items[base] = append(items[base], i)
+		}
+	}
+	for _, id := range m.wf.Order() {
+		out = append(out, id)
+		if idx := items[id]; len(idx) > 0 {
+			slices.Sort(idx)
+			for _, i := range idx {
+				out = append(out, dag.ItemID(id, i))
+			}
+		}
+	}
+	return out
+}
+
 func (m *machine) cancel(reason string) {
 	if m.run.Status != RunRunning {
 		m.ignore("run is %s", m.run.Status)
@@ -334,7 +390,7 @@ func (m *machine) rerun() {
 	}
 	m.emit(ReopenRun{})
 	m.run.Status = RunRunning
-	for _, id := range m.wf.Order() {
+	for _, id := range m.taskOrder() {
 		if t := m.run.Tasks[id]; t != nil && (t.State == TaskFailed || t.State == TaskCancelled) {
 			m.emit(ResetNode{NodeID: id, TaskID: t.ID})
 			delete(m.run.Tasks, id)
@@ -465,12 +521,35 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		}
 		m.createWaiting(base, t)
 		m.waitTimeout(n)
+	case dag.TypeWorkflow:
+		m.createWaiting(base, t)
+		m.emit(StartChild{NodeID: n.ID, Workflow: n.Workflow.Name, Version: n.Workflow.Version, Input: base.Input})
+	case dag.TypeMap:
+		items, err := n.EvalItems(s)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
+		base.Input = mustJSON(map[string]int{"count": len(items), "max_parallelism": n.Map.Parallelism()})
+		if m.itemsDone(n, items) {
+			// No elements, or (re-run) every element completed before.
+			out, err := m.mapOutput(n, items)
+			if err != nil {
+				m.createFailed(base, t, *err)
+				return
+			}
+			base.Output = out
+			m.createFinal(base, t, TaskCompleted, "")
+			return
+		}
+		m.createWaiting(base, t)
+		m.fillMap(n, items, s)
 	default:
 		base.State = TaskPending
 		m.emit(base)
 		t.State = TaskPending
 		m.emit(Dispatch{NodeID: n.ID, Attempt: 1, NotBefore: m.now})
-		m.scheduleToStart(n, 1, m.now)
+		m.scheduleToStart(n, n.ID, 1, m.now)
 	}
 }
 
@@ -482,6 +561,123 @@ func evalError(err error) Error {
 		code = CodeValueTooLarge
 	}
 	return Error{Code: code, Message: err.Error()}
+}
+
+// itemDone moves the map an element of which just completed: the next
+// elements start, or the map completes.
+func (m *machine) itemDone(id string) {
+	base, _, ok := dag.ParseItemID(id)
+	if !ok {
+		return
+	}
+	n := m.wf.Node(base)
+	if n == nil || n.Map == nil {
+		return
+	}
+	s := m.scope()
+	items, err := n.EvalItems(s) // the scope it reads is upstream: unchanged since the map began
+	if err != nil {
+		if mt := m.run.Tasks[base]; mt != nil && mt.State == TaskWaiting {
+			m.failNode(mt, Error{Code: CodeExpression, Message: err.Error()})
+		}
+		return
+	}
+	m.fillMap(n, items, s)
+}
+
+// fillMap starts the map's next elements (in order, while fewer than its
+// parallelism run) and completes the map with its elements' outputs, in
+// element order, once every element completed.
+func (m *machine) fillMap(n *dag.Node, items []any, s dag.Scope) {
+	mt := m.run.Tasks[n.ID]
+	if mt == nil || mt.State != TaskWaiting {
+		return
+	}
+	active := 0
+	for i := range items {
+		if t := m.run.Tasks[dag.ItemID(n.ID, i)]; t != nil && t.State.Active() {
+			active++
+		}
+	}
+	for i := 0; i < len(items) && active < n.Map.Parallelism(); i++ {
+		id := dag.ItemID(n.ID, i)
+		if m.run.Tasks[id] != nil {
+			continue
+		}
+		if !m.createItem(n, id, i, items[i], s) {
+			return
+		}
+		active++
+	}
+	if !m.itemsDone(n, items) {
+		return
+	}
+	out, err := m.mapOutput(n, items)
+	if err != nil {
+		m.failNode(mt, *err)
+		return
+	}
+	m.complete(mt, out)
+}
+
+func (m *machine) itemsDone(n *dag.Node, items []any) bool {
+	for i := range items {
+		if t := m.run.Tasks[dag.ItemID(n.ID, i)]; t == nil || !t.State.Done() {
+			return false
+		}
+	}
+	return true
+}
+
+// mapOutput is the list of the elements' outputs, in element order,
+// within dag.MaxValueBytes.
+func (m *machine) mapOutput(n *dag.Node, items []any) (json.RawMessage, *Error) {
+	outs := make([]json.RawMessage, len(items))
+	size := 2
+	for i := range items {
+		outs[i] = payloadOrEmpty(m.run.Tasks[dag.ItemID(n.ID, i)].Output)
+		if size += len(outs[i]) + 1; size > dag.MaxValueBytes {
+			return nil, &Error{Code: CodeValueTooLarge, Message: fmt.Sprintf("the outputs of the %d elements are more than %d bytes", len(items), dag.MaxValueBytes)}
+		}
+	}
+	return mustJSON(outs), nil
+}
+
+// createItem creates (and dispatches, or starts the child of) element i;
+// false when its input could not be evaluated, which failed the run.
+func (m *machine) createItem(n *dag.Node, id string, i int, item any, s dag.Scope) bool {
+	st := n.Map.Step
+	base := CreateTask{NodeID: id, Type: st.Type, MaxAttempts: st.RetryPolicy().MaxAttempts}
+	if st.Type.RunsOnWorker() {
+		base.Queue = st.QueueName()
+	}
+	t := &Task{NodeID: id, Attempt: 1}
+	m.run.Tasks[id] = t
+	in, err := n.EvalItemInput(s, item, i)
+	if err != nil {
+		m.createFailed(base, t, evalError(err))
+		return false
+	}
+	base.Input = in
+	if st.Templated() {
+		req, err := n.EvalItemRequest(s, item, i)
+		if err != nil {
+			m.createFailed(base, t, evalError(err))
+			return false
+		}
+		base.Request = req
+	}
+	if st.Type == dag.TypeWorkflow {
+		m.createWaiting(base, t)
+		m.emit(StartChild{NodeID: id, Workflow: st.Workflow.Name, Version: st.Workflow.Version, Input: in})
+		return true
+	}
+	base.State = TaskPending
+	m.emit(base)
+	t.State = TaskPending
+	m.emit(Dispatch{NodeID: id, Attempt: 1, NotBefore: m.now})
+	m.scheduleToStart(st, id, 1, m.now)
+	return true
 }
 
 func (m *machine) createWaiting(base CreateTask, t *Task) {
@@ -496,9 +692,9 @@ func (m *machine) waitTimeout(n *dag.Node) {
 	}
 }
 
-func (m *machine) scheduleToStart(n *dag.Node, attempt int, dispatchedAt time.Time) {
+func (m *machine) scheduleToStart(n *dag.Node, id string, attempt int, dispatchedAt time.Time) {
 	if d := n.ScheduleToStartTimeout.Std(); d > 0 {
-		m.emit(ScheduleTimer{Kind: TimerScheduleToStart, NodeID: n.ID, Attempt: attempt, FireAt: dispatchedAt.Add(d)})
+		m.emit(ScheduleTimer{Kind: TimerScheduleToStart, NodeID: id, Attempt: attempt, FireAt: dispatchedAt.Add(d)})
 	}
 }
 

@@ -393,3 +393,25 @@ func TestRerunResetsUnfinishedNodesAndKeepsOutputs(t *testing.T) {
 	assert.Equal(t, RunCompleted, tr.Status)
 	assert.True(t, s.step(RerunRequested{}).Ignored, "a completed run has nothing to re-run")
 }
+
+func TestMapStepsRenderTheirRequestPerElement(t *testing.T) {
+	wf := dag.MustParse(`{"nodes":[{"id":"fan","type":"map","map":{"items":"input.ids","step":{"type":"http",
+		"http":{"url":"https://x.example/{{ input.account }}/items/{{ item }}?n={{ index }}","headers":{"Authorization":"Bearer {{ secrets.T }}"}}}}}]}`)
+	s := newSim(t, wf, `{"account":"acc","ids":["a/1","b"]}`)
+	tr := s.step(RunStarted{})
+	var urls []string
+	for _, a := range tr.Actions {
+		if ct, ok := a.(CreateTask); ok && ct.NodeID != "fan" {
+			require.NotNil(t, ct.Request, ct.NodeID)
+			urls = append(urls, ct.Request.URL.Text)
+			assert.Equal(t, []string{"T"}, ct.Request.Secrets)
+			assert.Equal(t, []dag.Part{{Text: "Bearer "}, {Secret: "secrets.T"}}, ct.Request.Headers["Authorization"].Parts)
+		}
+	}
+	assert.Equal(t, []string{"https://x.example/acc/items/a%2F1?n=0", "https://x.example/acc/items/b?n=1"}, urls)
+
+	_, err := dag.Parse([]byte(`{"nodes":[{"id":"fan","type":"map","map":{"items":"input.ids","step":{"type":"http",
+		"http":{"url":"https://x.example/","headers":{"A":"{{ secrets.T + item }}"}}}}}]}`))
+	require.ErrorContains(t, err, `node "fan": map.step.http.headers.A:`)
+	require.ErrorContains(t, err, "may read nothing else")
+}

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -45,7 +47,7 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 		if len(deps) > 0 {
 			node["depends_on"] = deps
 		}
-		switch rapid.SampledFrom([]string{"noop", "noop", "noop", "sleep", "wait", "event"}).Draw(t, "type") {
+		switch rapid.SampledFrom([]string{"noop", "noop", "noop", "sleep", "wait", "event", "workflow", "map"}).Draw(t, "type") {
 		case "noop":
 			node["type"] = "noop"
 			node["retry"] = map[string]any{"max_attempts": rapid.IntRange(1, 3).Draw(t, "attempts"), "backoff": "1s"}
@@ -62,6 +64,16 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 				w["timeout"] = "1h"
 			}
 			node["wait"] = w
+		case "workflow":
+			node["type"] = "workflow"
+			node["workflow"] = map[string]any{"name": "child"}
+		case "map":
+			node["type"] = "map"
+			step := map[string]any{"type": "noop", "retry": map[string]any{"max_attempts": rapid.IntRange(1, 2).Draw(t, "item attempts"), "backoff": "1s"}}
+			if rapid.IntRange(0, 2).Draw(t, "child step") == 0 {
+				step = map[string]any{"type": "workflow", "workflow": map[string]any{"name": "child"}}
+			}
+			node["map"] = map[string]any{"items": "input.list", "max_parallelism": rapid.IntRange(1, 3).Draw(t, "parallelism"), "step": step}
 		case "event":
 			node["type"] = "wait"
 			w := map[string]any{"event": fmt.Sprintf("ev%d", rapid.IntRange(0, 1).Draw(t, "event"))}
@@ -95,7 +107,11 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 	if err != nil {
 		t.Fatalf("generated an invalid workflow: %v\n%s", err, b)
 	}
-	in, _ := json.Marshal(map[string]any{"key": "k1", "flags": flags})
+	list := make([]int, rapid.IntRange(0, 5).Draw(t, "items"))
+	for i := range list {
+		list[i] = i * 10
+	}
+	in, _ := json.Marshal(map[string]any{"key": "k1", "flags": flags, "list": list})
 	return wf, string(in)
 }
 
@@ -128,7 +144,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 
 		steps := rapid.IntRange(0, 60).Draw(rt, "steps")
 		for i := 0; i < steps; i++ {
-			switch rapid.IntRange(0, 11).Draw(rt, "what") {
+			switch rapid.IntRange(0, 12).Draw(rt, "what") {
 			case 0, 1, 2, 3: // a worker reports on an active task
 				if t := pickTask(rt, s, TaskPending, TaskRunning); t != nil {
 					if rapid.IntRange(0, 2).Draw(rt, "ok") > 0 {
@@ -184,13 +200,25 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 				e := dag.EventData{ID: fmt.Sprint("ev", events), Name: rapid.SampledFrom([]string{"ev0", "ev1", "stop"}).Draw(rt, "event name"),
 					Payload: json.RawMessage(fmt.Sprintf(`{"k":%q,"ok":%v}`, rapid.SampledFrom([]string{"k1", "k2"}).Draw(rt, "key"), rapid.Bool().Draw(rt, "ok")))}
 				deliverEvent(rt, s, e, deliver)
+			case 12: // a child run ends, any way
+				if t := pickTask(rt, s, TaskWaiting); t != nil && wf.Node(t.NodeID).Type == dag.TypeWorkflow {
+					st := rapid.SampledFrom([]RunStatus{RunCompleted, RunCompleted, RunFailed, RunCancelled}).Draw(rt, "child status")
+					ev := ChildFinished{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, ChildID: "c-" + t.ID, Status: st}
+					if st == RunCompleted {
+						ev.Output = json.RawMessage(fmt.Sprintf(`{"child_of":%q}`, t.NodeID))
+					} else {
+						ev.Error = &Error{Code: "x", Message: "child failed"}
+					}
+					deliver(ev)
+				}
 			}
 			checkCompletesOnce(rt, s)
+			checkMaps(rt, s)
 		}
 
 		// Let every remaining task report, resolving whatever is active.
 		for guard := 0; s.run.Status == RunRunning; guard++ {
-			if guard > 500 {
+			if guard > 2000 {
 				rt.Fatalf("run still running after every task reported: %+v", s.run.Tasks)
 			}
 			t := pickTask(rt, s, TaskPending, TaskRunning, TaskWaiting)
@@ -199,6 +227,11 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			}
 			n := wf.Node(t.NodeID)
 			switch n.Type {
+			case dag.TypeMap:
+				continue // it ends when its elements do
+			case dag.TypeWorkflow:
+				deliver(ChildFinished{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt, ChildID: "c-" + t.ID, Status: RunCompleted,
+					Output: json.RawMessage(fmt.Sprintf(`{"child_of":%q}`, t.NodeID))})
 			case dag.TypeSleep:
 				deliver(TimerFired{Kind: TimerSleep, NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt})
 			case dag.TypeWait:
@@ -217,6 +250,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 		if s.terms != 1 {
 			rt.Fatalf("run reached %d terminal states", s.terms)
 		}
+		checkMaps(rt, s)
 		for id, t := range s.run.Tasks {
 			if t.State.Active() {
 				rt.Fatalf("task of %s is still %s after the run ended %s", id, t.State, s.run.Status)
@@ -316,10 +350,54 @@ func checkLeaseExpiry(rt *rapid.T, s *sim, wf *dag.Workflow, t *Task, deliver fu
 	}
 }
 
+// checkMaps checks every map node: no more elements active than its
+// parallelism, elements started in order, and a completed map's output is
+// its elements' outputs in element order.
+func checkMaps(rt *rapid.T, s *sim) {
+	for _, id := range s.wf.Order() {
+		n := s.wf.Node(id)
+		mt := s.run.Tasks[id]
+		if n.Map == nil || mt == nil {
+			continue
+		}
+		var list []any
+		_ = json.Unmarshal(s.run.Input, &struct{ List *[]any }{&list})
+		active, gap := 0, false
+		for i := range list {
+			t := s.run.Tasks[dag.ItemID(id, i)]
+			if t == nil {
+				gap = true
+				continue
+			}
+			if gap && mt.State == TaskWaiting {
+				rt.Fatalf("element %d of %s started before an earlier one", i, id)
+			}
+			if t.State.Active() {
+				active++
+			}
+		}
+		if active > n.Map.Parallelism() {
+			rt.Fatalf("%d elements of %s active; its parallelism is %d", active, id, n.Map.Parallelism())
+		}
+		if mt.State == TaskCompleted {
+			var outs []json.RawMessage
+			if err := json.Unmarshal(mt.Output, &outs); err != nil || len(outs) != len(list) {
+				rt.Fatalf("map %s completed with %s for %d elements", id, mt.Output, len(list))
+			}
+			for i := range list {
+				if want := s.run.Tasks[dag.ItemID(id, i)].Output; string(outs[i]) != string(want) {
+					rt.Fatalf("map %s output[%d] is %s, element %d output %s", id, i, outs[i], i, want)
+				}
+			}
+		}
+	}
+}
+
 // pickTask draws one task in one of the given states, or nil.
 func pickTask(rt *rapid.T, s *sim, states ...TaskState) *Task {
 	var ts []*Task
-	for _, id := range s.wf.Order() {
+	ids := slices.Sorted(maps.Keys(s.run.Tasks))
+	for _, id := range ids {
 		if t := s.run.Tasks[id]; t != nil {
 			for _, st := range states {
 				if t.State == st {

@@ -24,6 +24,8 @@ type sim struct {
 	// awaits is the index of event waits as the persister keeps it: by
 	// node id, or "cancel_on/<i>".
 	awaits map[string]AwaitEvent
+	// children counts child runs started.
+	children int
 }
 
 func awaitKey(a AwaitEvent) string {
@@ -128,6 +130,11 @@ func (s *sim) persist(a Action) {
 		if s.run.Tasks[a.NodeID] != nil {
 			s.t.Fatalf("second task for node %s (unique (run_id, node_id) would reject it)", a.NodeID)
 		}
+		if base, _, ok := dag.ParseItemID(a.NodeID); ok {
+			if mt := s.run.Tasks[base]; mt == nil || mt.State != TaskWaiting {
+				s.t.Fatalf("element %s created while its map is not waiting (%+v)", a.NodeID, mt)
+			}
+		}
 		for _, d := range s.wf.Node(a.NodeID).DependsOn {
 			if dt := s.run.Tasks[d]; dt == nil || !dt.State.Done() {
 				s.t.Fatalf("node %s created before its dependency %s finished", a.NodeID, d)
@@ -163,6 +170,11 @@ func (s *sim) persist(a Action) {
 		}
 		t.State = TaskCancelled
 		delete(s.awaits, a.NodeID)
+	case StartChild:
+		if t := s.task(a.NodeID); t.State != TaskWaiting || s.wf.Node(a.NodeID).Type != dag.TypeWorkflow {
+			s.t.Fatalf("start_child for %s, which is %s", a.NodeID, t.State)
+		}
+		s.children++
 	case AwaitEvent:
 		if a.NodeID != "" {
 			if t := s.task(a.NodeID); t.State != TaskWaiting || !s.wf.Node(a.NodeID).IsEventWait() {

@@ -82,6 +82,8 @@ const (
 	CodeCancelled         = "cancelled"
 	CodeOutputExpression  = "output_expression_error"
 	CodeInvalidDefinition = "invalid_definition"
+	CodeChildFailed       = "child_failed"
+	CodeChildRefused      = "child_start_refused"
 )
 
 // Run is the state of a run as the coordinator loaded it.
@@ -182,6 +184,20 @@ type SignalReceived struct{ Signal Signal }
 // (events are not kept for waits not yet reached).
 type EventReceived struct{ Event dag.EventData }
 
+// ChildFinished is the end of the child run a workflow node (or a map
+// element of a workflow step) started: its status, and its output or error.
+// The child start being refused is a failed ChildFinished (code
+// CodeChildRefused).
+type ChildFinished struct {
+	NodeID  string
+	TaskID  string
+	Attempt int
+	ChildID string
+	Status  RunStatus
+	Output  json.RawMessage
+	Error   *Error
+}
+
 // CancelRequested cancels the run.
 type CancelRequested struct{ Reason string }
 
@@ -199,6 +215,7 @@ const (
 	KindTimerFired      = "timer_fired"
 	KindSignalReceived  = "signal_received"
 	KindEventReceived   = "event_received"
+	KindChildFinished   = "child_finished"
 	KindCancelRequested = "cancel_requested"
 	KindRerunRequested  = "rerun_requested"
 )
@@ -210,6 +227,7 @@ func (LeaseExpired) eventKind() string    { return KindLeaseExpired }
 func (TimerFired) eventKind() string      { return KindTimerFired }
 func (SignalReceived) eventKind() string  { return KindSignalReceived }
 func (EventReceived) eventKind() string   { return KindEventReceived }
+func (ChildFinished) eventKind() string   { return KindChildFinished }
 func (CancelRequested) eventKind() string { return KindCancelRequested }
 func (RerunRequested) eventKind() string  { return KindRerunRequested }
 
@@ -323,6 +341,17 @@ type AwaitEvent struct {
 	Key      string
 }
 
+// StartChild starts a child run of the named workflow (its latest version
+// unless Version) with Input, for the waiting task of NodeID, in the
+// transition's transaction; its end comes back as ChildFinished. A task
+// cancelled while its child runs cancels the child.
+type StartChild struct {
+	NodeID   string
+	Workflow string
+	Version  int
+	Input    json.RawMessage
+}
+
 // CompleteRun ends the run successfully.
 type CompleteRun struct{ Output json.RawMessage }
 
@@ -346,6 +375,7 @@ func (ResetNode) actionKind() string     { return "reset_node" }
 func (RecordSignal) actionKind() string  { return "record_signal" }
 func (ConsumeSignal) actionKind() string { return "consume_signal" }
 func (AwaitEvent) actionKind() string    { return "await_event" }
+func (StartChild) actionKind() string    { return "start_child" }
 func (CompleteRun) actionKind() string   { return "complete_run" }
 func (FailRun) actionKind() string       { return "fail_run" }
 func (CancelRun) actionKind() string     { return "cancel_run" }

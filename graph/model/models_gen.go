@@ -18,6 +18,15 @@ import (
 	"github.com/google/uuid"
 )
 
+type BulkFilter struct {
+	Status        []RunStatus `json:"status"`
+	WorkflowID    *uuid.UUID  `json:"workflowId,omitempty"`
+	CreatedAfter  *time.Time  `json:"createdAfter,omitempty"`
+	CreatedBefore *time.Time  `json:"createdBefore,omitempty"`
+	// An object of strings.
+	Metadata json.RawMessage `json:"metadata"`
+}
+
 type CreateAPIKeyInput struct {
 	Name      string     `json:"name"`
 	Scopes    []string   `json:"scopes"`
@@ -28,6 +37,23 @@ type CreateAPIKeyPayload struct {
 	APIKey *auth.Key `json:"apiKey"`
 	// The key, shown this once.
 	Secret string `json:"secret"`
+}
+
+type CreateBulkOperationInput struct {
+	Action BulkAction `json:"action"`
+	// Which runs (idempotencyKey is not accepted). Statuses are narrowed to
+	// those the action applies to; none means all of those.
+	Filter *RunFilter `json:"filter,omitempty"`
+	// Recorded with each cancelled run (CANCEL), at most 1000 characters.
+	Reason *string `json:"reason,omitempty"`
+	// At most 255 characters.
+	IdempotencyKey *string `json:"idempotencyKey,omitempty"`
+}
+
+type CreateBulkOperationPayload struct {
+	Operation *engine.BulkOperation `json:"operation"`
+	// False when the idempotency key named an existing operation.
+	Created bool `json:"created"`
 }
 
 type CreateScheduleInput struct {
@@ -155,6 +181,18 @@ type PublishEventPayload struct {
 type Query struct {
 }
 
+type ResumeQueuePayload struct {
+	Queue string `json:"queue"`
+	// Waiting tasks dispatched again (0 when the queue was not paused).
+	Redispatched int `json:"redispatched"`
+}
+
+type ResumeWorkflowPayload struct {
+	Workflow *engine.Workflow `json:"workflow"`
+	// The job starting the queued runs (null when the workflow was not paused).
+	Resume *engine.BulkOperation `json:"resume,omitempty"`
+}
+
 type RunChange struct {
 	Event string          `json:"event"`
 	Run   *engine.RunView `json:"run"`
@@ -279,6 +317,124 @@ type WorkflowConnection struct {
 type WorkflowEdge struct {
 	Cursor string           `json:"cursor"`
 	Node   *engine.Workflow `json:"node"`
+}
+
+// CANCEL: cancels queued and running runs. RERUN: re-runs failed and
+// cancelled runs from their failed nodes. RESUME: starts queued runs whose
+// workflow is no longer paused (a run whose workflow is still paused is
+// skipped).
+type BulkAction string
+
+const (
+	BulkActionCancel BulkAction = "CANCEL"
+	BulkActionRerun  BulkAction = "RERUN"
+	BulkActionResume BulkAction = "RESUME"
+)
+
+var AllBulkAction = []BulkAction{
+	BulkActionCancel,
+	BulkActionRerun,
+	BulkActionResume,
+}
+
+func (e BulkAction) IsValid() bool {
+	switch e {
+	case BulkActionCancel, BulkActionRerun, BulkActionResume:
+		return true
+	}
+	return false
+}
+
+func (e BulkAction) String() string {
+	return string(e)
+}
+
+func (e *BulkAction) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = BulkAction(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid BulkAction", str)
+	}
+	return nil
+}
+
+func (e BulkAction) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *BulkAction) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e BulkAction) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type BulkOperationStatus string
+
+const (
+	BulkOperationStatusRunning   BulkOperationStatus = "RUNNING"
+	BulkOperationStatusCompleted BulkOperationStatus = "COMPLETED"
+	BulkOperationStatusCancelled BulkOperationStatus = "CANCELLED"
+)
+
+var AllBulkOperationStatus = []BulkOperationStatus{
+	BulkOperationStatusRunning,
+	BulkOperationStatusCompleted,
+	BulkOperationStatusCancelled,
+}
+
+func (e BulkOperationStatus) IsValid() bool {
+	switch e {
+	case BulkOperationStatusRunning, BulkOperationStatusCompleted, BulkOperationStatusCancelled:
+		return true
+	}
+	return false
+}
+
+func (e BulkOperationStatus) String() string {
+	return string(e)
+}
+
+func (e *BulkOperationStatus) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = BulkOperationStatus(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid BulkOperationStatus", str)
+	}
+	return nil
+}
+
+func (e BulkOperationStatus) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *BulkOperationStatus) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e BulkOperationStatus) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }
 
 type EventRunOutcome string
@@ -515,6 +671,8 @@ func (e Role) MarshalJSON() ([]byte, error) {
 type RunStatus string
 
 const (
+	// Created while its workflow was paused: nothing runs until the workflow is resumed.
+	RunStatusQueued    RunStatus = "QUEUED"
 	RunStatusRunning   RunStatus = "RUNNING"
 	RunStatusCompleted RunStatus = "COMPLETED"
 	RunStatusFailed    RunStatus = "FAILED"
@@ -522,6 +680,7 @@ const (
 )
 
 var AllRunStatus = []RunStatus{
+	RunStatusQueued,
 	RunStatusRunning,
 	RunStatusCompleted,
 	RunStatusFailed,
@@ -530,7 +689,7 @@ var AllRunStatus = []RunStatus{
 
 func (e RunStatus) IsValid() bool {
 	switch e {
-	case RunStatusRunning, RunStatusCompleted, RunStatusFailed, RunStatusCancelled:
+	case RunStatusQueued, RunStatusRunning, RunStatusCompleted, RunStatusFailed, RunStatusCancelled:
 		return true
 	}
 	return false

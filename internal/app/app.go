@@ -141,11 +141,13 @@ type Server struct {
 	Sweeper     *engine.Sweeper
 	// Schedules fires the tenants' schedules.
 	Schedules *schedules.Firer
-	Authn     *auth.Authenticator
-	Authz     *auth.Authorizer
-	Live      *graph.Live
-	Limiter   *tenants.RateLimiter
-	slots     *tenants.Slots
+	// Bulk works the tenants' bulk operations.
+	Bulk    *engine.BulkRunner
+	Authn   *auth.Authenticator
+	Authz   *auth.Authorizer
+	Live    *graph.Live
+	Limiter *tenants.RateLimiter
+	slots   *tenants.Slots
 	// Poller serves tenant workers' polls.
 	Poller *taskpoll.Poller
 	// Mux is the public listener's; Admin the operator's (metrics, health).
@@ -257,6 +259,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Enqueuer = outbox.New(d.DB, d.Cfg.SystemDatabaseURL, d.Redis, stream.NewNames(d.Cfg.RedisNamespace),
 		outbox.Config{PollInterval: d.Cfg.OutboxPollInterval}, d.Log.Named("outbox"))
 	var sweeper *engine.Sweeper
+	bulk := &engine.BulkRunner{DB: d.DB, Log: d.Log.Named("bulk"), OnProgress: s.Live.PublishOp}
 	slots := tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
 		d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
 	})
@@ -267,7 +270,10 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 			if sweeper != nil {
 				sweeper.WakeTimers()
 			}
-		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots})
+		}, OnTransition: onTransition, Admit: s.admit, Hooks: s.Hooks(), Slots: slots, BulkWake: bulk.Wake})
+	bulk.Coord = s.Coordinator
+	s.Bulk = bulk
+	s.Background = append(s.Background, bulk)
 	s.Poller = taskpoll.New(s.Coordinator, d.Redis, stream.NewNames(d.Cfg.RedisNamespace), slots, taskpoll.Config{}, d.Log.Named("taskpoll"))
 	s.Background = append(s.Background, s.Poller)
 	names := stream.NewNames(d.Cfg.RedisNamespace)

@@ -86,7 +86,11 @@ type Run struct {
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	FinishedAt     *time.Time
-	Tasks          []Task
+	// ParentRunID and ParentNode name the run and node that started a
+	// child run ("" for a run started otherwise).
+	ParentRunID string
+	ParentNode  string
+	Tasks       []Task
 }
 
 // Done reports whether the run reached a terminal status.
@@ -106,16 +110,18 @@ type Task struct {
 	LastError   json.RawMessage
 	StartedAt   *time.Time
 	FinishedAt  *time.Time
+	// ChildRunID is the child run a workflow node (or map element) started.
+	ChildRunID string
 }
 
 func runOf(f RunFields) *Run {
 	r := &Run{ID: f.Id, WorkflowID: f.Workflow.Id, Workflow: f.Workflow.Name, WorkflowVersion: f.WorkflowVersion, Status: string(f.Status),
 		Input: f.Input, Output: raw(f.Output), Error: raw(f.Error), IdempotencyKey: str(f.IdempotencyKey), CreatedAt: f.CreatedAt,
-		UpdatedAt: f.UpdatedAt, FinishedAt: f.FinishedAt}
+		UpdatedAt: f.UpdatedAt, FinishedAt: f.FinishedAt, ParentRunID: str(f.ParentRunId), ParentNode: str(f.ParentNode)}
 	for _, t := range f.Tasks {
 		r.Tasks = append(r.Tasks, Task{ID: t.Id, NodeID: t.NodeId, NodeType: t.NodeType, Queue: str(t.Queue), Handler: str(t.Handler),
 			State: string(t.State), Attempt: t.Attempt, MaxAttempts: t.MaxAttempts, Output: raw(t.Output), LastError: raw(t.LastError),
-			StartedAt: t.StartedAt, FinishedAt: t.FinishedAt})
+			StartedAt: t.StartedAt, FinishedAt: t.FinishedAt, ChildRunID: str(t.ChildRunId)})
 	}
 	return r
 }

@@ -10,6 +10,131 @@ import (
 	"github.com/Khan/genqlient/graphql"
 )
 
+// CANCEL: cancels queued and running runs. RERUN: re-runs failed and
+// cancelled runs from their failed nodes. RESUME: starts queued runs whose
+// workflow is no longer paused (a run whose workflow is still paused is
+// skipped).
+type BulkAction string
+
+const (
+	BulkActionCancel BulkAction = "CANCEL"
+	BulkActionRerun  BulkAction = "RERUN"
+	BulkActionResume BulkAction = "RESUME"
+)
+
+var AllBulkAction = []BulkAction{
+	BulkActionCancel,
+	BulkActionRerun,
+	BulkActionResume,
+}
+
+// BulkOperationFields includes the GraphQL fields of BulkOperation requested by the fragment BulkOperationFields.
+type BulkOperationFields struct {
+	Id             string                              `json:"id"`
+	Action         BulkAction                          `json:"action"`
+	Status         BulkOperationStatus                 `json:"status"`
+	Filter         BulkOperationFieldsFilterBulkFilter `json:"filter"`
+	Reason         *string                             `json:"reason"`
+	IdempotencyKey *string                             `json:"idempotencyKey"`
+	CreatedBy      *string                             `json:"createdBy"`
+	// Progress, after each batch: runs visited so far (matched) = done (changed
+	// by this operation) + skipped (nothing to do: already in the target state,
+	// or, for RESUME, the workflow paused again) + failed (refused; the last
+	// error is lastError).
+	Matched    int        `json:"matched"`
+	Done       int        `json:"done"`
+	Failed     int        `json:"failed"`
+	Skipped    int        `json:"skipped"`
+	LastError  *string    `json:"lastError"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	UpdatedAt  time.Time  `json:"updatedAt"`
+	FinishedAt *time.Time `json:"finishedAt"`
+}
+
+// GetId returns BulkOperationFields.Id, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetId() string { return v.Id }
+
+// GetAction returns BulkOperationFields.Action, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetAction() BulkAction { return v.Action }
+
+// GetStatus returns BulkOperationFields.Status, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetStatus() BulkOperationStatus { return v.Status }
+
+// GetFilter returns BulkOperationFields.Filter, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetFilter() BulkOperationFieldsFilterBulkFilter { return v.Filter }
+
+// GetReason returns BulkOperationFields.Reason, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetReason() *string { return v.Reason }
+
+// GetIdempotencyKey returns BulkOperationFields.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetIdempotencyKey() *string { return v.IdempotencyKey }
+
+// GetCreatedBy returns BulkOperationFields.CreatedBy, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetCreatedBy() *string { return v.CreatedBy }
+
+// GetMatched returns BulkOperationFields.Matched, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetMatched() int { return v.Matched }
+
+// GetDone returns BulkOperationFields.Done, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetDone() int { return v.Done }
+
+// GetFailed returns BulkOperationFields.Failed, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetFailed() int { return v.Failed }
+
+// GetSkipped returns BulkOperationFields.Skipped, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetSkipped() int { return v.Skipped }
+
+// GetLastError returns BulkOperationFields.LastError, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetLastError() *string { return v.LastError }
+
+// GetCreatedAt returns BulkOperationFields.CreatedAt, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetCreatedAt() time.Time { return v.CreatedAt }
+
+// GetUpdatedAt returns BulkOperationFields.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetUpdatedAt() time.Time { return v.UpdatedAt }
+
+// GetFinishedAt returns BulkOperationFields.FinishedAt, and is useful for accessing the field via an interface.
+func (v *BulkOperationFields) GetFinishedAt() *time.Time { return v.FinishedAt }
+
+// BulkOperationFieldsFilterBulkFilter includes the requested fields of the GraphQL type BulkFilter.
+type BulkOperationFieldsFilterBulkFilter struct {
+	Status        []RunStatus `json:"status"`
+	WorkflowId    *string     `json:"workflowId"`
+	CreatedAfter  *time.Time  `json:"createdAfter"`
+	CreatedBefore *time.Time  `json:"createdBefore"`
+	// An object of strings.
+	Metadata json.RawMessage `json:"metadata"`
+}
+
+// GetStatus returns BulkOperationFieldsFilterBulkFilter.Status, and is useful for accessing the field via an interface.
+func (v *BulkOperationFieldsFilterBulkFilter) GetStatus() []RunStatus { return v.Status }
+
+// GetWorkflowId returns BulkOperationFieldsFilterBulkFilter.WorkflowId, and is useful for accessing the field via an interface.
+func (v *BulkOperationFieldsFilterBulkFilter) GetWorkflowId() *string { return v.WorkflowId }
+
+// GetCreatedAfter returns BulkOperationFieldsFilterBulkFilter.CreatedAfter, and is useful for accessing the field via an interface.
+func (v *BulkOperationFieldsFilterBulkFilter) GetCreatedAfter() *time.Time { return v.CreatedAfter }
+
+// GetCreatedBefore returns BulkOperationFieldsFilterBulkFilter.CreatedBefore, and is useful for accessing the field via an interface.
+func (v *BulkOperationFieldsFilterBulkFilter) GetCreatedBefore() *time.Time { return v.CreatedBefore }
+
+// GetMetadata returns BulkOperationFieldsFilterBulkFilter.Metadata, and is useful for accessing the field via an interface.
+func (v *BulkOperationFieldsFilterBulkFilter) GetMetadata() json.RawMessage { return v.Metadata }
+
+type BulkOperationStatus string
+
+const (
+	BulkOperationStatusRunning   BulkOperationStatus = "RUNNING"
+	BulkOperationStatusCompleted BulkOperationStatus = "COMPLETED"
+	BulkOperationStatusCancelled BulkOperationStatus = "CANCELLED"
+)
+
+var AllBulkOperationStatus = []BulkOperationStatus{
+	BulkOperationStatusRunning,
+	BulkOperationStatusCompleted,
+	BulkOperationStatusCancelled,
+}
+
 type CreateScheduleInput struct {
 	// The workflow, by id or by name.
 	WorkflowId   *string `json:"workflowId,omitempty"`
@@ -201,7 +326,10 @@ type RunFields struct {
 	CreatedAt       time.Time         `json:"createdAt"`
 	UpdatedAt       time.Time         `json:"updatedAt"`
 	FinishedAt      *time.Time        `json:"finishedAt"`
-	// Every node's task, in creation order.
+	// For a child run: the run whose workflow node (or map element) started it, and that node's id.
+	ParentRunId *string `json:"parentRunId"`
+	ParentNode  *string `json:"parentNode"`
+	// Every node's task (and every map element's), in creation order.
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -238,6 +366,12 @@ func (v *RunFields) GetUpdatedAt() time.Time { return v.UpdatedAt }
 // GetFinishedAt returns RunFields.FinishedAt, and is useful for accessing the field via an interface.
 func (v *RunFields) GetFinishedAt() *time.Time { return v.FinishedAt }
 
+// GetParentRunId returns RunFields.ParentRunId, and is useful for accessing the field via an interface.
+func (v *RunFields) GetParentRunId() *string { return v.ParentRunId }
+
+// GetParentNode returns RunFields.ParentNode, and is useful for accessing the field via an interface.
+func (v *RunFields) GetParentNode() *string { return v.ParentNode }
+
 // GetTasks returns RunFields.Tasks, and is useful for accessing the field via an interface.
 func (v *RunFields) GetTasks() []RunFieldsTasksTask { return v.Tasks }
 
@@ -256,6 +390,8 @@ type RunFieldsTasksTask struct {
 	LastError   *json.RawMessage `json:"lastError"`
 	StartedAt   *time.Time       `json:"startedAt"`
 	FinishedAt  *time.Time       `json:"finishedAt"`
+	// For a workflow node (or a map element of a workflow step): the child run it started.
+	ChildRunId *string `json:"childRunId"`
 }
 
 // GetId returns RunFieldsTasksTask.Id, and is useful for accessing the field via an interface.
@@ -294,6 +430,9 @@ func (v *RunFieldsTasksTask) GetStartedAt() *time.Time { return v.StartedAt }
 // GetFinishedAt returns RunFieldsTasksTask.FinishedAt, and is useful for accessing the field via an interface.
 func (v *RunFieldsTasksTask) GetFinishedAt() *time.Time { return v.FinishedAt }
 
+// GetChildRunId returns RunFieldsTasksTask.ChildRunId, and is useful for accessing the field via an interface.
+func (v *RunFieldsTasksTask) GetChildRunId() *string { return v.ChildRunId }
+
 // RunFieldsWorkflow includes the requested fields of the GraphQL type Workflow.
 type RunFieldsWorkflow struct {
 	Id   string `json:"id"`
@@ -309,6 +448,8 @@ func (v *RunFieldsWorkflow) GetName() string { return v.Name }
 type RunStatus string
 
 const (
+	// Created while its workflow was paused: nothing runs until the workflow is resumed.
+	RunStatusQueued    RunStatus = "QUEUED"
 	RunStatusRunning   RunStatus = "RUNNING"
 	RunStatusCompleted RunStatus = "COMPLETED"
 	RunStatusFailed    RunStatus = "FAILED"
@@ -316,6 +457,7 @@ const (
 )
 
 var AllRunStatus = []RunStatus{
+	RunStatusQueued,
 	RunStatusRunning,
 	RunStatusCompleted,
 	RunStatusFailed,
@@ -649,6 +791,14 @@ func (v *__backfillScheduleInput) GetFrom() time.Time { return v.From }
 // GetTo returns __backfillScheduleInput.To, and is useful for accessing the field via an interface.
 func (v *__backfillScheduleInput) GetTo() time.Time { return v.To }
 
+// __cancelBulkOperationInput is used internally by genqlient
+type __cancelBulkOperationInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __cancelBulkOperationInput.Id, and is useful for accessing the field via an interface.
+func (v *__cancelBulkOperationInput) GetId() string { return v.Id }
+
 // __cancelRunInput is used internally by genqlient
 type __cancelRunInput struct {
 	Id     string  `json:"id"`
@@ -660,6 +810,42 @@ func (v *__cancelRunInput) GetId() string { return v.Id }
 
 // GetReason returns __cancelRunInput.Reason, and is useful for accessing the field via an interface.
 func (v *__cancelRunInput) GetReason() *string { return v.Reason }
+
+// __createBulkOperationInput is used internally by genqlient
+type __createBulkOperationInput struct {
+	Action         BulkAction       `json:"action"`
+	Status         []RunStatus      `json:"status"`
+	WorkflowId     *string          `json:"workflowId"`
+	CreatedAfter   *time.Time       `json:"createdAfter"`
+	CreatedBefore  *time.Time       `json:"createdBefore"`
+	Metadata       *json.RawMessage `json:"metadata"`
+	Reason         *string          `json:"reason"`
+	IdempotencyKey *string          `json:"idempotencyKey"`
+}
+
+// GetAction returns __createBulkOperationInput.Action, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetAction() BulkAction { return v.Action }
+
+// GetStatus returns __createBulkOperationInput.Status, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetStatus() []RunStatus { return v.Status }
+
+// GetWorkflowId returns __createBulkOperationInput.WorkflowId, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetWorkflowId() *string { return v.WorkflowId }
+
+// GetCreatedAfter returns __createBulkOperationInput.CreatedAfter, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetCreatedAfter() *time.Time { return v.CreatedAfter }
+
+// GetCreatedBefore returns __createBulkOperationInput.CreatedBefore, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetCreatedBefore() *time.Time { return v.CreatedBefore }
+
+// GetMetadata returns __createBulkOperationInput.Metadata, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetMetadata() *json.RawMessage { return v.Metadata }
+
+// GetReason returns __createBulkOperationInput.Reason, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetReason() *string { return v.Reason }
+
+// GetIdempotencyKey returns __createBulkOperationInput.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *__createBulkOperationInput) GetIdempotencyKey() *string { return v.IdempotencyKey }
 
 // __createScheduleInput is used internally by genqlient
 type __createScheduleInput struct {
@@ -684,6 +870,14 @@ type __deleteScheduleInput struct {
 
 // GetId returns __deleteScheduleInput.Id, and is useful for accessing the field via an interface.
 func (v *__deleteScheduleInput) GetId() string { return v.Id }
+
+// __getBulkOperationInput is used internally by genqlient
+type __getBulkOperationInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __getBulkOperationInput.Id, and is useful for accessing the field via an interface.
+func (v *__getBulkOperationInput) GetId() string { return v.Id }
 
 // __getEventInput is used internally by genqlient
 type __getEventInput struct {
@@ -749,6 +943,18 @@ func (v *__listSchedulesInput) GetFirst() *int { return v.First }
 // GetAfter returns __listSchedulesInput.After, and is useful for accessing the field via an interface.
 func (v *__listSchedulesInput) GetAfter() *string { return v.After }
 
+// __pauseQueueInput is used internally by genqlient
+type __pauseQueueInput struct {
+	Queue  string  `json:"queue"`
+	Reason *string `json:"reason"`
+}
+
+// GetQueue returns __pauseQueueInput.Queue, and is useful for accessing the field via an interface.
+func (v *__pauseQueueInput) GetQueue() string { return v.Queue }
+
+// GetReason returns __pauseQueueInput.Reason, and is useful for accessing the field via an interface.
+func (v *__pauseQueueInput) GetReason() *string { return v.Reason }
+
 // __pauseScheduleInput is used internally by genqlient
 type __pauseScheduleInput struct {
 	Id string `json:"id"`
@@ -756,6 +962,18 @@ type __pauseScheduleInput struct {
 
 // GetId returns __pauseScheduleInput.Id, and is useful for accessing the field via an interface.
 func (v *__pauseScheduleInput) GetId() string { return v.Id }
+
+// __pauseWorkflowInput is used internally by genqlient
+type __pauseWorkflowInput struct {
+	Id     string  `json:"id"`
+	Reason *string `json:"reason"`
+}
+
+// GetId returns __pauseWorkflowInput.Id, and is useful for accessing the field via an interface.
+func (v *__pauseWorkflowInput) GetId() string { return v.Id }
+
+// GetReason returns __pauseWorkflowInput.Reason, and is useful for accessing the field via an interface.
+func (v *__pauseWorkflowInput) GetReason() *string { return v.Reason }
 
 // __publishEventInput is used internally by genqlient
 type __publishEventInput struct {
@@ -777,6 +995,14 @@ func (v *__publishWorkflowVersionInput) GetWorkflowId() string { return v.Workfl
 // GetDefinition returns __publishWorkflowVersionInput.Definition, and is useful for accessing the field via an interface.
 func (v *__publishWorkflowVersionInput) GetDefinition() json.RawMessage { return v.Definition }
 
+// __resumeQueueInput is used internally by genqlient
+type __resumeQueueInput struct {
+	Queue string `json:"queue"`
+}
+
+// GetQueue returns __resumeQueueInput.Queue, and is useful for accessing the field via an interface.
+func (v *__resumeQueueInput) GetQueue() string { return v.Queue }
+
 // __resumeScheduleInput is used internally by genqlient
 type __resumeScheduleInput struct {
 	Id string `json:"id"`
@@ -784,6 +1010,14 @@ type __resumeScheduleInput struct {
 
 // GetId returns __resumeScheduleInput.Id, and is useful for accessing the field via an interface.
 func (v *__resumeScheduleInput) GetId() string { return v.Id }
+
+// __resumeWorkflowInput is used internally by genqlient
+type __resumeWorkflowInput struct {
+	Id string `json:"id"`
+}
+
+// GetId returns __resumeWorkflowInput.Id, and is useful for accessing the field via an interface.
+func (v *__resumeWorkflowInput) GetId() string { return v.Id }
 
 // __runStatusInput is used internally by genqlient
 type __runStatusInput struct {
@@ -987,6 +1221,177 @@ func (v *backfillScheduleResponse) GetBackfillSchedule() []backfillScheduleBackf
 	return v.BackfillSchedule
 }
 
+// cancelBulkOperationCancelBulkOperation includes the requested fields of the GraphQL type BulkOperation.
+type cancelBulkOperationCancelBulkOperation struct {
+	BulkOperationFields `json:"-"`
+}
+
+// GetId returns cancelBulkOperationCancelBulkOperation.Id, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetId() string { return v.BulkOperationFields.Id }
+
+// GetAction returns cancelBulkOperationCancelBulkOperation.Action, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetAction() BulkAction {
+	return v.BulkOperationFields.Action
+}
+
+// GetStatus returns cancelBulkOperationCancelBulkOperation.Status, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetStatus() BulkOperationStatus {
+	return v.BulkOperationFields.Status
+}
+
+// GetFilter returns cancelBulkOperationCancelBulkOperation.Filter, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetFilter() BulkOperationFieldsFilterBulkFilter {
+	return v.BulkOperationFields.Filter
+}
+
+// GetReason returns cancelBulkOperationCancelBulkOperation.Reason, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetReason() *string {
+	return v.BulkOperationFields.Reason
+}
+
+// GetIdempotencyKey returns cancelBulkOperationCancelBulkOperation.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetIdempotencyKey() *string {
+	return v.BulkOperationFields.IdempotencyKey
+}
+
+// GetCreatedBy returns cancelBulkOperationCancelBulkOperation.CreatedBy, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetCreatedBy() *string {
+	return v.BulkOperationFields.CreatedBy
+}
+
+// GetMatched returns cancelBulkOperationCancelBulkOperation.Matched, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetMatched() int {
+	return v.BulkOperationFields.Matched
+}
+
+// GetDone returns cancelBulkOperationCancelBulkOperation.Done, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetDone() int { return v.BulkOperationFields.Done }
+
+// GetFailed returns cancelBulkOperationCancelBulkOperation.Failed, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetFailed() int { return v.BulkOperationFields.Failed }
+
+// GetSkipped returns cancelBulkOperationCancelBulkOperation.Skipped, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetSkipped() int {
+	return v.BulkOperationFields.Skipped
+}
+
+// GetLastError returns cancelBulkOperationCancelBulkOperation.LastError, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetLastError() *string {
+	return v.BulkOperationFields.LastError
+}
+
+// GetCreatedAt returns cancelBulkOperationCancelBulkOperation.CreatedAt, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetCreatedAt() time.Time {
+	return v.BulkOperationFields.CreatedAt
+}
+
+// GetUpdatedAt returns cancelBulkOperationCancelBulkOperation.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetUpdatedAt() time.Time {
+	return v.BulkOperationFields.UpdatedAt
+}
+
+// GetFinishedAt returns cancelBulkOperationCancelBulkOperation.FinishedAt, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationCancelBulkOperation) GetFinishedAt() *time.Time {
+	return v.BulkOperationFields.FinishedAt
+}
+
+func (v *cancelBulkOperationCancelBulkOperation) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*cancelBulkOperationCancelBulkOperation
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.cancelBulkOperationCancelBulkOperation = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.BulkOperationFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalcancelBulkOperationCancelBulkOperation struct {
+	Id string `json:"id"`
+
+	Action BulkAction `json:"action"`
+
+	Status BulkOperationStatus `json:"status"`
+
+	Filter BulkOperationFieldsFilterBulkFilter `json:"filter"`
+
+	Reason *string `json:"reason"`
+
+	IdempotencyKey *string `json:"idempotencyKey"`
+
+	CreatedBy *string `json:"createdBy"`
+
+	Matched int `json:"matched"`
+
+	Done int `json:"done"`
+
+	Failed int `json:"failed"`
+
+	Skipped int `json:"skipped"`
+
+	LastError *string `json:"lastError"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+
+	FinishedAt *time.Time `json:"finishedAt"`
+}
+
+func (v *cancelBulkOperationCancelBulkOperation) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *cancelBulkOperationCancelBulkOperation) __premarshalJSON() (*__premarshalcancelBulkOperationCancelBulkOperation, error) {
+	var retval __premarshalcancelBulkOperationCancelBulkOperation
+
+	retval.Id = v.BulkOperationFields.Id
+	retval.Action = v.BulkOperationFields.Action
+	retval.Status = v.BulkOperationFields.Status
+	retval.Filter = v.BulkOperationFields.Filter
+	retval.Reason = v.BulkOperationFields.Reason
+	retval.IdempotencyKey = v.BulkOperationFields.IdempotencyKey
+	retval.CreatedBy = v.BulkOperationFields.CreatedBy
+	retval.Matched = v.BulkOperationFields.Matched
+	retval.Done = v.BulkOperationFields.Done
+	retval.Failed = v.BulkOperationFields.Failed
+	retval.Skipped = v.BulkOperationFields.Skipped
+	retval.LastError = v.BulkOperationFields.LastError
+	retval.CreatedAt = v.BulkOperationFields.CreatedAt
+	retval.UpdatedAt = v.BulkOperationFields.UpdatedAt
+	retval.FinishedAt = v.BulkOperationFields.FinishedAt
+	return &retval, nil
+}
+
+// cancelBulkOperationResponse is returned by cancelBulkOperation on success.
+type cancelBulkOperationResponse struct {
+	// Stops a running bulk operation after its current batch; what it changed stays changed. Needs runs:write.
+	CancelBulkOperation cancelBulkOperationCancelBulkOperation `json:"cancelBulkOperation"`
+}
+
+// GetCancelBulkOperation returns cancelBulkOperationResponse.CancelBulkOperation, and is useful for accessing the field via an interface.
+func (v *cancelBulkOperationResponse) GetCancelBulkOperation() cancelBulkOperationCancelBulkOperation {
+	return v.CancelBulkOperation
+}
+
 // cancelRunCancelRun includes the requested fields of the GraphQL type Run.
 type cancelRunCancelRun struct {
 	RunFields `json:"-"`
@@ -1024,6 +1429,12 @@ func (v *cancelRunCancelRun) GetUpdatedAt() time.Time { return v.RunFields.Updat
 
 // GetFinishedAt returns cancelRunCancelRun.FinishedAt, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetFinishedAt() *time.Time { return v.RunFields.FinishedAt }
+
+// GetParentRunId returns cancelRunCancelRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+
+// GetParentNode returns cancelRunCancelRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetParentNode() *string { return v.RunFields.ParentNode }
 
 // GetTasks returns cancelRunCancelRun.Tasks, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
@@ -1076,6 +1487,10 @@ type __premarshalcancelRunCancelRun struct {
 
 	FinishedAt *time.Time `json:"finishedAt"`
 
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -1101,6 +1516,8 @@ func (v *cancelRunCancelRun) __premarshalJSON() (*__premarshalcancelRunCancelRun
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
+	retval.ParentRunId = v.RunFields.ParentRunId
+	retval.ParentNode = v.RunFields.ParentNode
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -1113,6 +1530,204 @@ type cancelRunResponse struct {
 
 // GetCancelRun returns cancelRunResponse.CancelRun, and is useful for accessing the field via an interface.
 func (v *cancelRunResponse) GetCancelRun() cancelRunCancelRun { return v.CancelRun }
+
+// createBulkOperationCreateBulkOperationCreateBulkOperationPayload includes the requested fields of the GraphQL type CreateBulkOperationPayload.
+type createBulkOperationCreateBulkOperationCreateBulkOperationPayload struct {
+	// False when the idempotency key named an existing operation.
+	Created   bool                                                                                   `json:"created"`
+	Operation createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation `json:"operation"`
+}
+
+// GetCreated returns createBulkOperationCreateBulkOperationCreateBulkOperationPayload.Created, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayload) GetCreated() bool {
+	return v.Created
+}
+
+// GetOperation returns createBulkOperationCreateBulkOperationCreateBulkOperationPayload.Operation, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayload) GetOperation() createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation {
+	return v.Operation
+}
+
+// createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation includes the requested fields of the GraphQL type BulkOperation.
+type createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation struct {
+	BulkOperationFields `json:"-"`
+}
+
+// GetId returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Id, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetId() string {
+	return v.BulkOperationFields.Id
+}
+
+// GetAction returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Action, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetAction() BulkAction {
+	return v.BulkOperationFields.Action
+}
+
+// GetStatus returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Status, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetStatus() BulkOperationStatus {
+	return v.BulkOperationFields.Status
+}
+
+// GetFilter returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Filter, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetFilter() BulkOperationFieldsFilterBulkFilter {
+	return v.BulkOperationFields.Filter
+}
+
+// GetReason returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Reason, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetReason() *string {
+	return v.BulkOperationFields.Reason
+}
+
+// GetIdempotencyKey returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetIdempotencyKey() *string {
+	return v.BulkOperationFields.IdempotencyKey
+}
+
+// GetCreatedBy returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.CreatedBy, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetCreatedBy() *string {
+	return v.BulkOperationFields.CreatedBy
+}
+
+// GetMatched returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Matched, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetMatched() int {
+	return v.BulkOperationFields.Matched
+}
+
+// GetDone returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Done, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetDone() int {
+	return v.BulkOperationFields.Done
+}
+
+// GetFailed returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Failed, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetFailed() int {
+	return v.BulkOperationFields.Failed
+}
+
+// GetSkipped returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.Skipped, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetSkipped() int {
+	return v.BulkOperationFields.Skipped
+}
+
+// GetLastError returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.LastError, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetLastError() *string {
+	return v.BulkOperationFields.LastError
+}
+
+// GetCreatedAt returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.CreatedAt, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetCreatedAt() time.Time {
+	return v.BulkOperationFields.CreatedAt
+}
+
+// GetUpdatedAt returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetUpdatedAt() time.Time {
+	return v.BulkOperationFields.UpdatedAt
+}
+
+// GetFinishedAt returns createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation.FinishedAt, and is useful for accessing the field via an interface.
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) GetFinishedAt() *time.Time {
+	return v.BulkOperationFields.FinishedAt
+}
+
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.BulkOperationFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalcreateBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation struct {
+	Id string `json:"id"`
+
+	Action BulkAction `json:"action"`
+
+	Status BulkOperationStatus `json:"status"`
+
+	Filter BulkOperationFieldsFilterBulkFilter `json:"filter"`
+
+	Reason *string `json:"reason"`
+
+	IdempotencyKey *string `json:"idempotencyKey"`
+
+	CreatedBy *string `json:"createdBy"`
+
+	Matched int `json:"matched"`
+
+	Done int `json:"done"`
+
+	Failed int `json:"failed"`
+
+	Skipped int `json:"skipped"`
+
+	LastError *string `json:"lastError"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+
+	FinishedAt *time.Time `json:"finishedAt"`
+}
+
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *createBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation) __premarshalJSON() (*__premarshalcreateBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation, error) {
+	var retval __premarshalcreateBulkOperationCreateBulkOperationCreateBulkOperationPayloadOperationBulkOperation
+
+	retval.Id = v.BulkOperationFields.Id
+	retval.Action = v.BulkOperationFields.Action
+	retval.Status = v.BulkOperationFields.Status
+	retval.Filter = v.BulkOperationFields.Filter
+	retval.Reason = v.BulkOperationFields.Reason
+	retval.IdempotencyKey = v.BulkOperationFields.IdempotencyKey
+	retval.CreatedBy = v.BulkOperationFields.CreatedBy
+	retval.Matched = v.BulkOperationFields.Matched
+	retval.Done = v.BulkOperationFields.Done
+	retval.Failed = v.BulkOperationFields.Failed
+	retval.Skipped = v.BulkOperationFields.Skipped
+	retval.LastError = v.BulkOperationFields.LastError
+	retval.CreatedAt = v.BulkOperationFields.CreatedAt
+	retval.UpdatedAt = v.BulkOperationFields.UpdatedAt
+	retval.FinishedAt = v.BulkOperationFields.FinishedAt
+	return &retval, nil
+}
+
+// createBulkOperationResponse is returned by createBulkOperation on success.
+type createBulkOperationResponse struct {
+	// Creates a bulk operation: an asynchronous job applying action to every
+	// run matching filter (created before now), in batches, oldest first; each
+	// run changes at most once. With an idempotencyKey, repeats answer the same
+	// operation (created: false); the key with another request is CONFLICT. At
+	// most 10 run at once per tenant (QUOTA_EXCEEDED). Needs runs:write.
+	CreateBulkOperation createBulkOperationCreateBulkOperationCreateBulkOperationPayload `json:"createBulkOperation"`
+}
+
+// GetCreateBulkOperation returns createBulkOperationResponse.CreateBulkOperation, and is useful for accessing the field via an interface.
+func (v *createBulkOperationResponse) GetCreateBulkOperation() createBulkOperationCreateBulkOperationCreateBulkOperationPayload {
+	return v.CreateBulkOperation
+}
 
 // createScheduleCreateSchedule includes the requested fields of the GraphQL type Schedule.
 type createScheduleCreateSchedule struct {
@@ -1408,6 +2023,169 @@ type deleteScheduleResponse struct {
 // GetDeleteSchedule returns deleteScheduleResponse.DeleteSchedule, and is useful for accessing the field via an interface.
 func (v *deleteScheduleResponse) GetDeleteSchedule() string { return v.DeleteSchedule }
 
+// getBulkOperationBulkOperation includes the requested fields of the GraphQL type BulkOperation.
+type getBulkOperationBulkOperation struct {
+	BulkOperationFields `json:"-"`
+}
+
+// GetId returns getBulkOperationBulkOperation.Id, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetId() string { return v.BulkOperationFields.Id }
+
+// GetAction returns getBulkOperationBulkOperation.Action, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetAction() BulkAction { return v.BulkOperationFields.Action }
+
+// GetStatus returns getBulkOperationBulkOperation.Status, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetStatus() BulkOperationStatus {
+	return v.BulkOperationFields.Status
+}
+
+// GetFilter returns getBulkOperationBulkOperation.Filter, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetFilter() BulkOperationFieldsFilterBulkFilter {
+	return v.BulkOperationFields.Filter
+}
+
+// GetReason returns getBulkOperationBulkOperation.Reason, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetReason() *string { return v.BulkOperationFields.Reason }
+
+// GetIdempotencyKey returns getBulkOperationBulkOperation.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetIdempotencyKey() *string {
+	return v.BulkOperationFields.IdempotencyKey
+}
+
+// GetCreatedBy returns getBulkOperationBulkOperation.CreatedBy, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetCreatedBy() *string {
+	return v.BulkOperationFields.CreatedBy
+}
+
+// GetMatched returns getBulkOperationBulkOperation.Matched, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetMatched() int { return v.BulkOperationFields.Matched }
+
+// GetDone returns getBulkOperationBulkOperation.Done, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetDone() int { return v.BulkOperationFields.Done }
+
+// GetFailed returns getBulkOperationBulkOperation.Failed, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetFailed() int { return v.BulkOperationFields.Failed }
+
+// GetSkipped returns getBulkOperationBulkOperation.Skipped, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetSkipped() int { return v.BulkOperationFields.Skipped }
+
+// GetLastError returns getBulkOperationBulkOperation.LastError, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetLastError() *string {
+	return v.BulkOperationFields.LastError
+}
+
+// GetCreatedAt returns getBulkOperationBulkOperation.CreatedAt, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetCreatedAt() time.Time {
+	return v.BulkOperationFields.CreatedAt
+}
+
+// GetUpdatedAt returns getBulkOperationBulkOperation.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetUpdatedAt() time.Time {
+	return v.BulkOperationFields.UpdatedAt
+}
+
+// GetFinishedAt returns getBulkOperationBulkOperation.FinishedAt, and is useful for accessing the field via an interface.
+func (v *getBulkOperationBulkOperation) GetFinishedAt() *time.Time {
+	return v.BulkOperationFields.FinishedAt
+}
+
+func (v *getBulkOperationBulkOperation) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*getBulkOperationBulkOperation
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.getBulkOperationBulkOperation = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.BulkOperationFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalgetBulkOperationBulkOperation struct {
+	Id string `json:"id"`
+
+	Action BulkAction `json:"action"`
+
+	Status BulkOperationStatus `json:"status"`
+
+	Filter BulkOperationFieldsFilterBulkFilter `json:"filter"`
+
+	Reason *string `json:"reason"`
+
+	IdempotencyKey *string `json:"idempotencyKey"`
+
+	CreatedBy *string `json:"createdBy"`
+
+	Matched int `json:"matched"`
+
+	Done int `json:"done"`
+
+	Failed int `json:"failed"`
+
+	Skipped int `json:"skipped"`
+
+	LastError *string `json:"lastError"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+
+	FinishedAt *time.Time `json:"finishedAt"`
+}
+
+func (v *getBulkOperationBulkOperation) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *getBulkOperationBulkOperation) __premarshalJSON() (*__premarshalgetBulkOperationBulkOperation, error) {
+	var retval __premarshalgetBulkOperationBulkOperation
+
+	retval.Id = v.BulkOperationFields.Id
+	retval.Action = v.BulkOperationFields.Action
+	retval.Status = v.BulkOperationFields.Status
+	retval.Filter = v.BulkOperationFields.Filter
+	retval.Reason = v.BulkOperationFields.Reason
+	retval.IdempotencyKey = v.BulkOperationFields.IdempotencyKey
+	retval.CreatedBy = v.BulkOperationFields.CreatedBy
+	retval.Matched = v.BulkOperationFields.Matched
+	retval.Done = v.BulkOperationFields.Done
+	retval.Failed = v.BulkOperationFields.Failed
+	retval.Skipped = v.BulkOperationFields.Skipped
+	retval.LastError = v.BulkOperationFields.LastError
+	retval.CreatedAt = v.BulkOperationFields.CreatedAt
+	retval.UpdatedAt = v.BulkOperationFields.UpdatedAt
+	retval.FinishedAt = v.BulkOperationFields.FinishedAt
+	return &retval, nil
+}
+
+// getBulkOperationResponse is returned by getBulkOperation on success.
+type getBulkOperationResponse struct {
+	// One bulk operation; NOT_FOUND when it does not exist in this tenant. Needs runs:read.
+	BulkOperation getBulkOperationBulkOperation `json:"bulkOperation"`
+}
+
+// GetBulkOperation returns getBulkOperationResponse.BulkOperation, and is useful for accessing the field via an interface.
+func (v *getBulkOperationResponse) GetBulkOperation() getBulkOperationBulkOperation {
+	return v.BulkOperation
+}
+
 // getEventEvent includes the requested fields of the GraphQL type Event.
 type getEventEvent struct {
 	EventFields `json:"-"`
@@ -1546,6 +2324,12 @@ func (v *getRunRun) GetUpdatedAt() time.Time { return v.RunFields.UpdatedAt }
 // GetFinishedAt returns getRunRun.FinishedAt, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetFinishedAt() *time.Time { return v.RunFields.FinishedAt }
 
+// GetParentRunId returns getRunRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+
+// GetParentNode returns getRunRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetParentNode() *string { return v.RunFields.ParentNode }
+
 // GetTasks returns getRunRun.Tasks, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
 
@@ -1597,6 +2381,10 @@ type __premarshalgetRunRun struct {
 
 	FinishedAt *time.Time `json:"finishedAt"`
 
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -1622,6 +2410,8 @@ func (v *getRunRun) __premarshalJSON() (*__premarshalgetRunRun, error) {
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
+	retval.ParentRunId = v.RunFields.ParentRunId
+	retval.ParentNode = v.RunFields.ParentNode
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -2409,6 +3199,36 @@ func (v *listSchedulesSchedulesScheduleConnectionPageInfo) GetHasNextPage() bool
 // GetEndCursor returns listSchedulesSchedulesScheduleConnectionPageInfo.EndCursor, and is useful for accessing the field via an interface.
 func (v *listSchedulesSchedulesScheduleConnectionPageInfo) GetEndCursor() *string { return v.EndCursor }
 
+// pauseQueuePauseQueueQueuePause includes the requested fields of the GraphQL type QueuePause.
+type pauseQueuePauseQueueQueuePause struct {
+	Queue    string    `json:"queue"`
+	Reason   *string   `json:"reason"`
+	PausedBy *string   `json:"pausedBy"`
+	PausedAt time.Time `json:"pausedAt"`
+}
+
+// GetQueue returns pauseQueuePauseQueueQueuePause.Queue, and is useful for accessing the field via an interface.
+func (v *pauseQueuePauseQueueQueuePause) GetQueue() string { return v.Queue }
+
+// GetReason returns pauseQueuePauseQueueQueuePause.Reason, and is useful for accessing the field via an interface.
+func (v *pauseQueuePauseQueueQueuePause) GetReason() *string { return v.Reason }
+
+// GetPausedBy returns pauseQueuePauseQueueQueuePause.PausedBy, and is useful for accessing the field via an interface.
+func (v *pauseQueuePauseQueueQueuePause) GetPausedBy() *string { return v.PausedBy }
+
+// GetPausedAt returns pauseQueuePauseQueueQueuePause.PausedAt, and is useful for accessing the field via an interface.
+func (v *pauseQueuePauseQueueQueuePause) GetPausedAt() time.Time { return v.PausedAt }
+
+// pauseQueueResponse is returned by pauseQueue on success.
+type pauseQueueResponse struct {
+	// Pauses one of the tenant's queues: its tasks wait (PENDING) and are not
+	// handed to any worker; tasks already running finish. Needs runs:write.
+	PauseQueue pauseQueuePauseQueueQueuePause `json:"pauseQueue"`
+}
+
+// GetPauseQueue returns pauseQueueResponse.PauseQueue, and is useful for accessing the field via an interface.
+func (v *pauseQueueResponse) GetPauseQueue() pauseQueuePauseQueueQueuePause { return v.PauseQueue }
+
 // pauseSchedulePauseSchedule includes the requested fields of the GraphQL type Schedule.
 type pauseSchedulePauseSchedule struct {
 	ScheduleFields `json:"-"`
@@ -2632,6 +3452,34 @@ type pauseScheduleResponse struct {
 // GetPauseSchedule returns pauseScheduleResponse.PauseSchedule, and is useful for accessing the field via an interface.
 func (v *pauseScheduleResponse) GetPauseSchedule() pauseSchedulePauseSchedule { return v.PauseSchedule }
 
+// pauseWorkflowPauseWorkflow includes the requested fields of the GraphQL type Workflow.
+type pauseWorkflowPauseWorkflow struct {
+	Id string `json:"id"`
+	// When the workflow was paused; null when it is not. While paused, new runs are QUEUED.
+	PausedAt    *time.Time `json:"pausedAt"`
+	PauseReason *string    `json:"pauseReason"`
+}
+
+// GetId returns pauseWorkflowPauseWorkflow.Id, and is useful for accessing the field via an interface.
+func (v *pauseWorkflowPauseWorkflow) GetId() string { return v.Id }
+
+// GetPausedAt returns pauseWorkflowPauseWorkflow.PausedAt, and is useful for accessing the field via an interface.
+func (v *pauseWorkflowPauseWorkflow) GetPausedAt() *time.Time { return v.PausedAt }
+
+// GetPauseReason returns pauseWorkflowPauseWorkflow.PauseReason, and is useful for accessing the field via an interface.
+func (v *pauseWorkflowPauseWorkflow) GetPauseReason() *string { return v.PauseReason }
+
+// pauseWorkflowResponse is returned by pauseWorkflow on success.
+type pauseWorkflowResponse struct {
+	// Pauses a workflow: new runs (startRun, schedules, event triggers) are
+	// created QUEUED instead of starting; runs already running go on and their
+	// steps finish. Pausing a paused workflow changes nothing. Needs runs:write.
+	PauseWorkflow pauseWorkflowPauseWorkflow `json:"pauseWorkflow"`
+}
+
+// GetPauseWorkflow returns pauseWorkflowResponse.PauseWorkflow, and is useful for accessing the field via an interface.
+func (v *pauseWorkflowResponse) GetPauseWorkflow() pauseWorkflowPauseWorkflow { return v.PauseWorkflow }
+
 // publishEventPublishEventPublishEventPayload includes the requested fields of the GraphQL type PublishEventPayload.
 type publishEventPublishEventPublishEventPayload struct {
 	// False when the id named an event already published.
@@ -2783,6 +3631,30 @@ type publishWorkflowVersionResponse struct {
 func (v *publishWorkflowVersionResponse) GetPublishWorkflowVersion() publishWorkflowVersionPublishWorkflowVersion {
 	return v.PublishWorkflowVersion
 }
+
+// resumeQueueResponse is returned by resumeQueue on success.
+type resumeQueueResponse struct {
+	// Resumes a paused queue; its waiting tasks are dispatched again. Needs runs:write.
+	ResumeQueue resumeQueueResumeQueueResumeQueuePayload `json:"resumeQueue"`
+}
+
+// GetResumeQueue returns resumeQueueResponse.ResumeQueue, and is useful for accessing the field via an interface.
+func (v *resumeQueueResponse) GetResumeQueue() resumeQueueResumeQueueResumeQueuePayload {
+	return v.ResumeQueue
+}
+
+// resumeQueueResumeQueueResumeQueuePayload includes the requested fields of the GraphQL type ResumeQueuePayload.
+type resumeQueueResumeQueueResumeQueuePayload struct {
+	Queue string `json:"queue"`
+	// Waiting tasks dispatched again (0 when the queue was not paused).
+	Redispatched int `json:"redispatched"`
+}
+
+// GetQueue returns resumeQueueResumeQueueResumeQueuePayload.Queue, and is useful for accessing the field via an interface.
+func (v *resumeQueueResumeQueueResumeQueuePayload) GetQueue() string { return v.Queue }
+
+// GetRedispatched returns resumeQueueResumeQueueResumeQueuePayload.Redispatched, and is useful for accessing the field via an interface.
+func (v *resumeQueueResumeQueueResumeQueuePayload) GetRedispatched() int { return v.Redispatched }
 
 // resumeScheduleResponse is returned by resumeSchedule on success.
 type resumeScheduleResponse struct {
@@ -3011,6 +3883,217 @@ func (v *resumeScheduleResumeSchedule) __premarshalJSON() (*__premarshalresumeSc
 	return &retval, nil
 }
 
+// resumeWorkflowResponse is returned by resumeWorkflow on success.
+type resumeWorkflowResponse struct {
+	// Resumes a paused workflow: new runs start again, and a bulk operation of
+	// action RESUME (in the payload) starts the queued runs, oldest first, in
+	// batches. resume is null when the workflow was not paused. Needs runs:write.
+	ResumeWorkflow resumeWorkflowResumeWorkflowResumeWorkflowPayload `json:"resumeWorkflow"`
+}
+
+// GetResumeWorkflow returns resumeWorkflowResponse.ResumeWorkflow, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResponse) GetResumeWorkflow() resumeWorkflowResumeWorkflowResumeWorkflowPayload {
+	return v.ResumeWorkflow
+}
+
+// resumeWorkflowResumeWorkflowResumeWorkflowPayload includes the requested fields of the GraphQL type ResumeWorkflowPayload.
+type resumeWorkflowResumeWorkflowResumeWorkflowPayload struct {
+	Workflow resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow `json:"workflow"`
+	// The job starting the queued runs (null when the workflow was not paused).
+	Resume *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation `json:"resume"`
+}
+
+// GetWorkflow returns resumeWorkflowResumeWorkflowResumeWorkflowPayload.Workflow, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayload) GetWorkflow() resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow {
+	return v.Workflow
+}
+
+// GetResume returns resumeWorkflowResumeWorkflowResumeWorkflowPayload.Resume, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayload) GetResume() *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation {
+	return v.Resume
+}
+
+// resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation includes the requested fields of the GraphQL type BulkOperation.
+type resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation struct {
+	BulkOperationFields `json:"-"`
+}
+
+// GetId returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Id, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetId() string {
+	return v.BulkOperationFields.Id
+}
+
+// GetAction returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Action, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetAction() BulkAction {
+	return v.BulkOperationFields.Action
+}
+
+// GetStatus returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Status, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetStatus() BulkOperationStatus {
+	return v.BulkOperationFields.Status
+}
+
+// GetFilter returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Filter, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetFilter() BulkOperationFieldsFilterBulkFilter {
+	return v.BulkOperationFields.Filter
+}
+
+// GetReason returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Reason, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetReason() *string {
+	return v.BulkOperationFields.Reason
+}
+
+// GetIdempotencyKey returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetIdempotencyKey() *string {
+	return v.BulkOperationFields.IdempotencyKey
+}
+
+// GetCreatedBy returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.CreatedBy, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetCreatedBy() *string {
+	return v.BulkOperationFields.CreatedBy
+}
+
+// GetMatched returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Matched, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetMatched() int {
+	return v.BulkOperationFields.Matched
+}
+
+// GetDone returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Done, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetDone() int {
+	return v.BulkOperationFields.Done
+}
+
+// GetFailed returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Failed, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetFailed() int {
+	return v.BulkOperationFields.Failed
+}
+
+// GetSkipped returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.Skipped, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetSkipped() int {
+	return v.BulkOperationFields.Skipped
+}
+
+// GetLastError returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.LastError, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetLastError() *string {
+	return v.BulkOperationFields.LastError
+}
+
+// GetCreatedAt returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.CreatedAt, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetCreatedAt() time.Time {
+	return v.BulkOperationFields.CreatedAt
+}
+
+// GetUpdatedAt returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetUpdatedAt() time.Time {
+	return v.BulkOperationFields.UpdatedAt
+}
+
+// GetFinishedAt returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation.FinishedAt, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) GetFinishedAt() *time.Time {
+	return v.BulkOperationFields.FinishedAt
+}
+
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.BulkOperationFields)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalresumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation struct {
+	Id string `json:"id"`
+
+	Action BulkAction `json:"action"`
+
+	Status BulkOperationStatus `json:"status"`
+
+	Filter BulkOperationFieldsFilterBulkFilter `json:"filter"`
+
+	Reason *string `json:"reason"`
+
+	IdempotencyKey *string `json:"idempotencyKey"`
+
+	CreatedBy *string `json:"createdBy"`
+
+	Matched int `json:"matched"`
+
+	Done int `json:"done"`
+
+	Failed int `json:"failed"`
+
+	Skipped int `json:"skipped"`
+
+	LastError *string `json:"lastError"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+
+	FinishedAt *time.Time `json:"finishedAt"`
+}
+
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation) __premarshalJSON() (*__premarshalresumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation, error) {
+	var retval __premarshalresumeWorkflowResumeWorkflowResumeWorkflowPayloadResumeBulkOperation
+
+	retval.Id = v.BulkOperationFields.Id
+	retval.Action = v.BulkOperationFields.Action
+	retval.Status = v.BulkOperationFields.Status
+	retval.Filter = v.BulkOperationFields.Filter
+	retval.Reason = v.BulkOperationFields.Reason
+	retval.IdempotencyKey = v.BulkOperationFields.IdempotencyKey
+	retval.CreatedBy = v.BulkOperationFields.CreatedBy
+	retval.Matched = v.BulkOperationFields.Matched
+	retval.Done = v.BulkOperationFields.Done
+	retval.Failed = v.BulkOperationFields.Failed
+	retval.Skipped = v.BulkOperationFields.Skipped
+	retval.LastError = v.BulkOperationFields.LastError
+	retval.CreatedAt = v.BulkOperationFields.CreatedAt
+	retval.UpdatedAt = v.BulkOperationFields.UpdatedAt
+	retval.FinishedAt = v.BulkOperationFields.FinishedAt
+	return &retval, nil
+}
+
+// resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow includes the requested fields of the GraphQL type Workflow.
+type resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow struct {
+	Id string `json:"id"`
+	// When the workflow was paused; null when it is not. While paused, new runs are QUEUED.
+	PausedAt *time.Time `json:"pausedAt"`
+}
+
+// GetId returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow.Id, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow) GetId() string { return v.Id }
+
+// GetPausedAt returns resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow.PausedAt, and is useful for accessing the field via an interface.
+func (v *resumeWorkflowResumeWorkflowResumeWorkflowPayloadWorkflow) GetPausedAt() *time.Time {
+	return v.PausedAt
+}
+
 // runStatusResponse is returned by runStatus on success.
 type runStatusResponse struct {
 	// One run; NOT_FOUND when it does not exist in this tenant.
@@ -3138,6 +4221,12 @@ func (v *startRunStartRunStartRunPayloadRun) GetFinishedAt() *time.Time {
 	return v.RunFields.FinishedAt
 }
 
+// GetParentRunId returns startRunStartRunStartRunPayloadRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+
+// GetParentNode returns startRunStartRunStartRunPayloadRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetParentNode() *string { return v.RunFields.ParentNode }
+
 // GetTasks returns startRunStartRunStartRunPayloadRun.Tasks, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetTasks() []RunFieldsTasksTask {
 	return v.RunFields.Tasks
@@ -3191,6 +4280,10 @@ type __premarshalstartRunStartRunStartRunPayloadRun struct {
 
 	FinishedAt *time.Time `json:"finishedAt"`
 
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -3216,6 +4309,8 @@ func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalst
 	retval.CreatedAt = v.RunFields.CreatedAt
 	retval.UpdatedAt = v.RunFields.UpdatedAt
 	retval.FinishedAt = v.RunFields.FinishedAt
+	retval.ParentRunId = v.RunFields.ParentRunId
+	retval.ParentNode = v.RunFields.ParentNode
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -3605,6 +4700,63 @@ func backfillSchedule(
 	return data_, err_
 }
 
+// The mutation executed by cancelBulkOperation.
+const cancelBulkOperation_Operation = `
+mutation cancelBulkOperation ($id: ID!) {
+	cancelBulkOperation(id: $id) {
+		... BulkOperationFields
+	}
+}
+fragment BulkOperationFields on BulkOperation {
+	id
+	action
+	status
+	filter {
+		status
+		workflowId
+		createdAfter
+		createdBefore
+		metadata
+	}
+	reason
+	idempotencyKey
+	createdBy
+	matched
+	done
+	failed
+	skipped
+	lastError
+	createdAt
+	updatedAt
+	finishedAt
+}
+`
+
+func cancelBulkOperation(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *cancelBulkOperationResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "cancelBulkOperation",
+		Query:  cancelBulkOperation_Operation,
+		Variables: &__cancelBulkOperationInput{
+			Id: id,
+		},
+	}
+
+	data_ = &cancelBulkOperationResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by cancelRun.
 const cancelRun_Operation = `
 mutation cancelRun ($id: ID!, $reason: String) {
@@ -3627,6 +4779,8 @@ fragment RunFields on Run {
 	createdAt
 	updatedAt
 	finishedAt
+	parentRunId
+	parentNode
 	tasks {
 		id
 		nodeId
@@ -3640,6 +4794,7 @@ fragment RunFields on Run {
 		lastError
 		startedAt
 		finishedAt
+		childRunId
 	}
 }
 `
@@ -3660,6 +4815,80 @@ func cancelRun(
 	}
 
 	data_ = &cancelRunResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by createBulkOperation.
+const createBulkOperation_Operation = `
+mutation createBulkOperation ($action: BulkAction!, $status: [RunStatus!], $workflowId: ID, $createdAfter: Time, $createdBefore: Time, $metadata: JSON, $reason: String, $idempotencyKey: String) {
+	createBulkOperation(input: {action:$action,reason:$reason,idempotencyKey:$idempotencyKey,filter:{status:$status,workflowId:$workflowId,createdAfter:$createdAfter,createdBefore:$createdBefore,metadata:$metadata}}) {
+		created
+		operation {
+			... BulkOperationFields
+		}
+	}
+}
+fragment BulkOperationFields on BulkOperation {
+	id
+	action
+	status
+	filter {
+		status
+		workflowId
+		createdAfter
+		createdBefore
+		metadata
+	}
+	reason
+	idempotencyKey
+	createdBy
+	matched
+	done
+	failed
+	skipped
+	lastError
+	createdAt
+	updatedAt
+	finishedAt
+}
+`
+
+func createBulkOperation(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	action BulkAction,
+	status []RunStatus,
+	workflowId *string,
+	createdAfter *time.Time,
+	createdBefore *time.Time,
+	metadata *json.RawMessage,
+	reason *string,
+	idempotencyKey *string,
+) (data_ *createBulkOperationResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "createBulkOperation",
+		Query:  createBulkOperation_Operation,
+		Variables: &__createBulkOperationInput{
+			Action:         action,
+			Status:         status,
+			WorkflowId:     workflowId,
+			CreatedAfter:   createdAfter,
+			CreatedBefore:  createdBefore,
+			Metadata:       metadata,
+			Reason:         reason,
+			IdempotencyKey: idempotencyKey,
+		},
+	}
+
+	data_ = &createBulkOperationResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
@@ -3806,6 +5035,63 @@ func deleteSchedule(
 	return data_, err_
 }
 
+// The query executed by getBulkOperation.
+const getBulkOperation_Operation = `
+query getBulkOperation ($id: ID!) {
+	bulkOperation(id: $id) {
+		... BulkOperationFields
+	}
+}
+fragment BulkOperationFields on BulkOperation {
+	id
+	action
+	status
+	filter {
+		status
+		workflowId
+		createdAfter
+		createdBefore
+		metadata
+	}
+	reason
+	idempotencyKey
+	createdBy
+	matched
+	done
+	failed
+	skipped
+	lastError
+	createdAt
+	updatedAt
+	finishedAt
+}
+`
+
+func getBulkOperation(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *getBulkOperationResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "getBulkOperation",
+		Query:  getBulkOperation_Operation,
+		Variables: &__getBulkOperationInput{
+			Id: id,
+		},
+	}
+
+	data_ = &getBulkOperationResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The query executed by getEvent.
 const getEvent_Operation = `
 query getEvent ($id: ID!) {
@@ -3876,6 +5162,8 @@ fragment RunFields on Run {
 	createdAt
 	updatedAt
 	finishedAt
+	parentRunId
+	parentNode
 	tasks {
 		id
 		nodeId
@@ -3889,6 +5177,7 @@ fragment RunFields on Run {
 		lastError
 		startedAt
 		finishedAt
+		childRunId
 	}
 }
 `
@@ -4131,6 +5420,45 @@ func listSchedules(
 	return data_, err_
 }
 
+// The mutation executed by pauseQueue.
+const pauseQueue_Operation = `
+mutation pauseQueue ($queue: String!, $reason: String) {
+	pauseQueue(queue: $queue, reason: $reason) {
+		queue
+		reason
+		pausedBy
+		pausedAt
+	}
+}
+`
+
+func pauseQueue(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	queue string,
+	reason *string,
+) (data_ *pauseQueueResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "pauseQueue",
+		Query:  pauseQueue_Operation,
+		Variables: &__pauseQueueInput{
+			Queue:  queue,
+			Reason: reason,
+		},
+	}
+
+	data_ = &pauseQueueResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by pauseSchedule.
 const pauseSchedule_Operation = `
 mutation pauseSchedule ($id: ID!) {
@@ -4182,6 +5510,44 @@ func pauseSchedule(
 	}
 
 	data_ = &pauseScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by pauseWorkflow.
+const pauseWorkflow_Operation = `
+mutation pauseWorkflow ($id: ID!, $reason: String) {
+	pauseWorkflow(id: $id, reason: $reason) {
+		id
+		pausedAt
+		pauseReason
+	}
+}
+`
+
+func pauseWorkflow(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+	reason *string,
+) (data_ *pauseWorkflowResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "pauseWorkflow",
+		Query:  pauseWorkflow_Operation,
+		Variables: &__pauseWorkflowInput{
+			Id:     id,
+			Reason: reason,
+		},
+	}
+
+	data_ = &pauseWorkflowResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
@@ -4281,6 +5647,41 @@ func publishWorkflowVersion(
 	return data_, err_
 }
 
+// The mutation executed by resumeQueue.
+const resumeQueue_Operation = `
+mutation resumeQueue ($queue: String!) {
+	resumeQueue(queue: $queue) {
+		queue
+		redispatched
+	}
+}
+`
+
+func resumeQueue(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	queue string,
+) (data_ *resumeQueueResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "resumeQueue",
+		Query:  resumeQueue_Operation,
+		Variables: &__resumeQueueInput{
+			Queue: queue,
+		},
+	}
+
+	data_ = &resumeQueueResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
 // The mutation executed by resumeSchedule.
 const resumeSchedule_Operation = `
 mutation resumeSchedule ($id: ID!) {
@@ -4332,6 +5733,69 @@ func resumeSchedule(
 	}
 
 	data_ = &resumeScheduleResponse{}
+	resp_ := &graphql.Response{Data: data_}
+
+	err_ = client_.MakeRequest(
+		ctx_,
+		req_,
+		resp_,
+	)
+
+	return data_, err_
+}
+
+// The mutation executed by resumeWorkflow.
+const resumeWorkflow_Operation = `
+mutation resumeWorkflow ($id: ID!) {
+	resumeWorkflow(id: $id) {
+		workflow {
+			id
+			pausedAt
+		}
+		resume {
+			... BulkOperationFields
+		}
+	}
+}
+fragment BulkOperationFields on BulkOperation {
+	id
+	action
+	status
+	filter {
+		status
+		workflowId
+		createdAfter
+		createdBefore
+		metadata
+	}
+	reason
+	idempotencyKey
+	createdBy
+	matched
+	done
+	failed
+	skipped
+	lastError
+	createdAt
+	updatedAt
+	finishedAt
+}
+`
+
+func resumeWorkflow(
+	ctx_ context.Context,
+	client_ graphql.Client,
+	id string,
+) (data_ *resumeWorkflowResponse, err_ error) {
+	req_ := &graphql.Request{
+		OpName: "resumeWorkflow",
+		Query:  resumeWorkflow_Operation,
+		Variables: &__resumeWorkflowInput{
+			Id: id,
+		},
+	}
+
+	data_ = &resumeWorkflowResponse{}
 	resp_ := &graphql.Response{Data: data_}
 
 	err_ = client_.MakeRequest(
@@ -4448,6 +5912,8 @@ fragment RunFields on Run {
 	createdAt
 	updatedAt
 	finishedAt
+	parentRunId
+	parentNode
 	tasks {
 		id
 		nodeId
@@ -4461,6 +5927,7 @@ fragment RunFields on Run {
 		lastError
 		startedAt
 		finishedAt
+		childRunId
 	}
 }
 `
