@@ -201,7 +201,7 @@ var idCases = map[string]idCase{
 func scheduleOf(a tenantWorld) map[string]any { return map[string]any{"id": a.schedule} }
 
 func secretOf(a tenantWorld) map[string]any { return map[string]any{"n": a.secret} }
-func bulkOf(a tenantWorld) map[string]any { return map[string]any{"id": a.bulk} }
+func bulkOf(a tenantWorld) map[string]any   { return map[string]any{"id": a.bulk} }
 
 func endpointOf(a tenantWorld) map[string]any { return map[string]any{"id": a.endpoint} }
 func deliveryOf(a tenantWorld) map[string]any { return map[string]any{"id": a.delivery} }
