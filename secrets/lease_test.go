@@ -117,3 +117,33 @@ func TestAMissingSecretFailsTheStep(t *testing.T) {
 	assert.True(t, strings.Contains(string(tasks["call"].LastError), "secret_not_found"), string(tasks["call"].LastError))
 	assert.Contains(t, string(tasks["call"].LastError), "secrets.GONE does not exist")
 }
+
+// TestAMapsStepsReadSecrets: each element of a map whose http step is
+// templated sends its own rendered URL with the current secret.
+func TestAMapsStepsReadSecrets(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	require.NoError(t, sys.Deps.DB.WithTenant(context.Background(), sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
+		_, err := sys.Server.Secrets.Create(ctx, tx, "T", "map-secret-value", "test")
+		return err
+	}))
+	var mu sync.Mutex
+	got := map[string]string{}
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got[r.URL.RequestURI()] = r.Header.Get("Authorization")
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(sink.Close)
+	sys.StartWorker(apptest.WorkerOptions{})
+	wf := sys.Workflow(`{"nodes": [{"id": "fan", "type": "map", "map": {"items": "input.ids", "max_parallelism": 2, "step": {"type": "http",
+		"http": {"method": "DELETE", "url": "` + sink.URL + `/items/{{ item }}", "query": {"i": "{{ index }}"},
+		"headers": {"Authorization": "Bearer {{ secrets.T }}"}}}}}]}`)
+	r, _ := sys.WaitRun(sys.StartRun(wf, `{"ids": ["a", "b c", "d"]}`), 20*time.Second)
+	require.Equal(t, "completed", r.Status)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]string{"/items/a?i=0": "Bearer map-secret-value", "/items/b%20c?i=1": "Bearer map-secret-value",
+		"/items/d?i=2": "Bearer map-secret-value"}, got)
+}
