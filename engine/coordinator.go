@@ -321,13 +321,21 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		if l := req.parent; l != nil {
 			parentRun, parentTask, parentNode, depth = &l.run, &l.task, &l.node, l.depth
 		}
+		adm, err := admitKey(ctx, tx, wid, def.wf, input, meta, paused)
+		if err != nil {
+			return err
+		}
 		status := sm.RunRunning
-		if paused {
+		if paused || adm.queue {
 			status = RunQueued
+		}
+		var ckey *string
+		if adm.key != "" {
+			ckey = &adm.key
 		}
 		err = tx.QueryRow(ctx, qInsertRun,
 			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta),
-			parentRun, parentTask, parentNode, depth, string(status)).Scan(&now)
+			parentRun, parentTask, parentNode, depth, string(status), ckey).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -341,12 +349,20 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 				return fmt.Errorf("insert run metadata: %w", err)
 			}
 		}
-		if paused {
-			out, err = c.queueRun(ctx, tx, runID, open)
+		switch {
+		case paused:
+			out, err = c.queueRun(ctx, tx, runID, open, "the workflow is paused")
+			return err
+		case adm.queue:
+			out, err = c.queueRun(ctx, tx, runID, open, fmt.Sprintf("concurrency key %q is at its limit of %d", adm.key, def.wf.Concurrency.Limit))
 			return err
 		}
 		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}}
-		tr = sm.Decide(def.wf, run, sm.RunStarted{}, now)
+		var first sm.Event = sm.RunStarted{}
+		if adm.cancel != "" {
+			first = sm.CancelRequested{Reason: adm.cancel}
+		}
+		tr = sm.Decide(def.wf, run, first, now)
 		if tr.Ignored {
 			return fmt.Errorf("a new run was not started: %s", tr.Reason)
 		}
@@ -354,12 +370,13 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			return err // the input would be amplified past the bound: refuse the start, write nothing
 		}
 		p := &persister{c: c, tx: tx, def: def, runID: runID, now: now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
-			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open, parent: req.parent, depth: depth}
-		if err := p.persist(ctx, sm.RunStarted{}, tr, eventRef{}); err != nil {
+			workflowID: wid, version: version, readBack: readBackOf(ctx), open: open, parent: req.parent, depth: depth,
+			concurrencyKey: adm.key, wakeTimers: adm.supersedes}
+		if err := p.persist(ctx, first, tr, eventRef{}); err != nil {
 			return err
 		}
 		out = Started{RunID: runID, Created: true, Status: tr.Status}
-		c.afterCommit(ctx, tx, runID, sm.RunStarted{}, tr, p, eventRef{})
+		c.afterCommit(ctx, tx, runID, first, tr, p, eventRef{})
 		return nil
 	}()
 	return out, err
@@ -733,7 +750,14 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 // RerunRun re-runs a failed or cancelled run from the nodes that did not
 // finish; finished nodes keep their outputs.
 func (c *Coordinator) RerunRun(ctx context.Context, tenant, runID uuid.UUID) (Ack, error) {
-	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
+		// A rerun takes a slot of its concurrency key, if it has one, and
+		// does not queue: a key without room refuses it.
+		if run.Status == sm.RunFailed || run.Status == sm.RunCancelled {
+			if err := c.rerunKeyHasRoom(ctx, tx, runID); err != nil {
+				return nil, err
+			}
+		}
 		// A rerun creates work as a start does: the same admission (queued
 		// limit, caps) in its transaction, before anything is written.
 		if c.opts.Admit != nil {
@@ -761,8 +785,11 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 		if err != nil {
 			return nil, fmt.Errorf("take timer: %w", err)
 		}
-		if kind == timerChildFinished || kind == timerParentCancelled {
+		switch kind {
+		case timerChildFinished, timerParentCancelled:
 			return childEvent(ctx, tx, tx.Tenant, runID, kind, node, task, detail)
+		case timerCancel:
+			return cancelEvent(detail), nil
 		}
 		ev := sm.TimerFired{Kind: sm.TimerKind(kind), NodeID: node}
 		if task != nil {
@@ -923,7 +950,7 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 	}
 	p := &persister{c: c, tx: tx, def: def, runID: runID, now: row.now, tasks: map[string]taskRef{}, traceparent: traceParent(ctx),
 		workflowID: row.workflowID, version: row.version, started: row.started, readBack: readBackOf(ctx), open: open,
-		parent: row.parent, depth: row.depth}
+		parent: row.parent, depth: row.depth, concurrencyKey: row.concurrencyKey}
 	for id, t := range run.Tasks {
 		p.tasks[id] = taskRef{id: uuid.MustParse(t.ID), attempt: t.Attempt}
 	}
@@ -943,6 +970,8 @@ type runRow struct {
 	now        time.Time
 	parent     *parentLink
 	depth      int
+	// concurrencyKey is the run's key ("" without one).
+	concurrencyKey string
 	// started is when each running task's lease was granted, by node.
 	started map[string]time.Time
 	// queuePaused reports that the queue loadRun was asked about is paused.
@@ -964,7 +993,11 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (run
 	var parentNode *string
 	b.Queue(qLockRun, tx.Tenant, runID).
 		QueryRow(func(r pgx.Row) error {
-			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth)
+			var ckey *string
+			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth, &ckey)
+			if ckey != nil {
+				row.concurrencyKey = *ckey
+			}
 			if err == nil && parentRun != nil && parentTask != nil && parentNode != nil {
 				row.parent = &parentLink{run: *parentRun, task: *parentTask, node: *parentNode, depth: row.depth}
 			}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -40,8 +41,13 @@ import (
 // has no outbox row (a duplicate of a message still in a stream is
 // harmless: the lease is the duplicate filter).
 
-// RunQueued is the status of a run created while its workflow was paused.
+// RunQueued is the status of a run created while its workflow was paused,
+// or beyond its concurrency key's limit (concurrency.go).
 const RunQueued sm.RunStatus = "queued"
+
+// reasonWorkflowPaused is the ignore reason of a queued run whose workflow
+// is paused.
+const reasonWorkflowPaused = "its workflow is paused"
 
 // MaxQueuedRuns bounds the queued runs a tenant may hold (runs started
 // into paused workflows); beyond it a start is QUOTA_EXCEEDED.
@@ -67,16 +73,19 @@ func lockPausedWorkflow(ctx context.Context, tx *pg.Tx, wid uuid.UUID) (bool, er
 
 // queueRun finishes a start into a paused workflow: the run row exists
 // with status queued; record it on the timeline and announce it.
-func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, open bool) (Started, error) {
+func (c *Coordinator) queueRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, open bool, reason string) (Started, error) {
 	var n int
 	if err := tx.QueryRow(ctx, qCountQueuedRuns, tx.Tenant, MaxQueuedRuns+1).Scan(&n); err != nil {
 		return Started{}, fmt.Errorf("count queued runs: %w", err)
 	}
 	if n > MaxQueuedRuns {
-		return Started{}, errs.E(errs.QuotaExceeded, "the tenant already holds %d queued runs of paused workflows, the most it may", MaxQueuedRuns)
+		return Started{}, errs.E(errs.QuotaExceeded, "the tenant already holds %d queued runs, the most it may", MaxQueuedRuns)
 	}
-	if _, err := tx.Exec(ctx, qInsertEvent, tx.Tenant, runID, "run_queued", "", nil, nil,
-		[]byte(`{"status":"queued","reason":"the workflow is paused"}`)); err != nil {
+	detail, err := json.Marshal(map[string]string{"status": "queued", "reason": reason})
+	if err != nil {
+		return Started{}, err
+	}
+	if _, err := tx.Exec(ctx, qInsertEvent, tx.Tenant, runID, "run_queued", "", nil, nil, detail); err != nil {
 		return Started{}, fmt.Errorf("record the queued run: %w", err)
 	}
 	if err := readBack(ctx, tx, runID); err != nil {
@@ -123,7 +132,10 @@ func (c *Coordinator) startQueued(ctx context.Context, tenant, runID uuid.UUID) 
 			return nil, fmt.Errorf("read the workflow's pause: %w", err)
 		}
 		if paused {
-			return nil, ignored("its workflow is paused")
+			return nil, ignored(reasonWorkflowPaused)
+		}
+		if err := c.keyHasRoom(ctx, tx, runID); err != nil {
+			return nil, err
 		}
 		if c.opts.Admit != nil {
 			if err := c.opts.Admit(ctx, tx); err != nil {

@@ -50,6 +50,8 @@ type persister struct {
 	// depth its nesting (0 at the top).
 	parent *parentLink
 	depth  int
+	// concurrencyKey is the run's concurrency key ("" without one).
+	concurrencyKey string
 	// children are the child runs this transition started, by node.
 	children map[string]uuid.UUID
 	// wakeTimers asks the timer loop to look now (a crossing timer between
@@ -384,6 +386,7 @@ func (p *persister) finishRun(status string, output, errDoc []byte) {
 		p.exec(qDeleteRunEventWaits, p.tx.Tenant, p.runID)
 	}
 	p.childEnded()
+	p.releaseKey()
 }
 
 // stopAwaiting drops the registration of an event wait whose task ends.

@@ -36,6 +36,9 @@ type RunView struct {
 	// one, for a child run.
 	ParentRunID *uuid.UUID `json:"parent_run_id,omitempty"`
 	ParentNode  *string    `json:"parent_node,omitempty"`
+	// ConcurrencyKey is the run's key under its workflow's concurrency
+	// limit.
+	ConcurrencyKey *string `json:"concurrency_key,omitempty"`
 	// Snapshot, when set, holds the run's tasks and workflow as read with
 	// it (a live update read once and given to every subscriber): readers
 	// use them rather than loading their own.
@@ -72,12 +75,12 @@ type TaskView struct {
 }
 
 const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata,
-	parent_run_id, parent_node`
+	parent_run_id, parent_node, concurrency_key`
 
 func scanRun(row pgx.Row) (RunView, error) {
 	var r RunView
 	err := row.Scan(&r.ID, &r.WorkflowID, &r.WorkflowVersion, &r.Status, &r.Input, &r.Output, &r.Error, &r.IdempotencyKey,
-		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode)
+		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode, &r.ConcurrencyKey)
 	return r, err
 }
 
@@ -440,8 +443,8 @@ const (
 	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
 				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
 	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata,
-				parent_run_id, parent_task_id, parent_node, depth)
-			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13) RETURNING created_at`
+				parent_run_id, parent_task_id, parent_node, depth, concurrency_key)
+			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13, $15) RETURNING created_at`
 	qInsertRunMetadata = `INSERT INTO run_metadata (tenant_id, run_id, key, value) SELECT $1, $2, k, v FROM unnest($3::text[], $4::text[]) AS m(k, v)`
 	qIdempotentRun     = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
 		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
@@ -461,7 +464,7 @@ const (
 	qTakeTimer = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
 			RETURNING kind, coalesce(node_id, ''), task_id, attempt, detail`
 	qLockRun = `UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
-		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth`
+		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth, concurrency_key`
 	qRunTasks          = `SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`
 	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`
@@ -609,7 +612,7 @@ const (
 			       SELECT tenant_id, id FROM timers
 			        WHERE fire_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
 			        ORDER BY fire_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-			RETURNING tenant_id, run_id, id`
+			RETURNING tenant_id, run_id, id, kind, detail`
 	qNextTimer              = `SELECT min(greatest(fire_at, coalesce(claimed_until, fire_at))) FROM timers`
 	qEnsurePartitions       = `SELECT composer_ensure_partitions(3)`
 	qDropPartitions         = `SELECT composer_drop_partitions($1)`

@@ -364,10 +364,12 @@ func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 		type due struct {
 			tenant, run uuid.UUID
 			id          int64
+			kind        string
+			detail      []byte
 		}
 		var list []due
 		var d due
-		if _, err := pgx.ForEachRow(rows, []any{&d.tenant, &d.run, &d.id}, func() error { list = append(list, d); return nil }); err != nil {
+		if _, err := pgx.ForEachRow(rows, []any{&d.tenant, &d.run, &d.id, &d.kind, &d.detail}, func() error { list = append(list, d); return nil }); err != nil {
 			return time.Time{}, fmt.Errorf("claim timers: %w", err)
 		}
 		sem := make(chan struct{}, 8)
@@ -378,7 +380,12 @@ func (s *Sweeper) FireDueTimers(ctx context.Context) (time.Time, error) {
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				_, err := s.c.FireTimer(ctx, d.tenant, d.run, d.id)
+				var err error
+				if d.kind == timerConcurrencyRelease {
+					err = s.c.ReleaseConcurrency(ctx, d.tenant, d.id, d.detail)
+				} else {
+					_, err = s.c.FireTimer(ctx, d.tenant, d.run, d.id)
+				}
 				switch {
 				case err == nil:
 					s.timerFired(d.id)

@@ -101,6 +101,14 @@ type ComplexityRoot struct {
 		UpdatedAt      func(childComplexity int) int
 	}
 
+	ConcurrencyKeyState struct {
+		AtLimit func(childComplexity int) int
+		Key     func(childComplexity int) int
+		Limit   func(childComplexity int) int
+		Queued  func(childComplexity int) int
+		Running func(childComplexity int) int
+	}
+
 	CreateApiKeyPayload struct {
 		APIKey func(childComplexity int) int
 		Secret func(childComplexity int) int
@@ -233,6 +241,7 @@ type ComplexityRoot struct {
 		APIKeys           func(childComplexity int, first *int, after *uuid.UUID) int
 		BulkOperation     func(childComplexity int, id uuid.UUID) int
 		BulkOperations    func(childComplexity int, first *int, after *uuid.UUID) int
+		ConcurrencyKeys   func(childComplexity int, workflowID uuid.UUID, first *int) int
 		Event             func(childComplexity int, id uuid.UUID) int
 		Events            func(childComplexity int, name *string, first *int, after *string) int
 		InvoicePreview    func(childComplexity int, period *string) int
@@ -274,6 +283,7 @@ type ComplexityRoot struct {
 	}
 
 	Run struct {
+		ConcurrencyKey  func(childComplexity int) int
 		CreatedAt       func(childComplexity int) int
 		Error           func(childComplexity int) int
 		FinishedAt      func(childComplexity int) int
@@ -642,6 +652,7 @@ type QueryResolver interface {
 	BulkOperation(ctx context.Context, id uuid.UUID) (*engine.BulkOperation, error)
 	BulkOperations(ctx context.Context, first *int, after *uuid.UUID) ([]engine.BulkOperation, error)
 	PausedQueues(ctx context.Context) ([]engine.QueuePause, error)
+	ConcurrencyKeys(ctx context.Context, workflowID uuid.UUID, first *int) ([]model.ConcurrencyKeyState, error)
 	Events(ctx context.Context, name *string, first *int, after *string) (*model.EventConnection, error)
 	Event(ctx context.Context, id uuid.UUID) (*engine.Event, error)
 	Schedules(ctx context.Context, workflowID *uuid.UUID, first *int, after *string) (*model.ScheduleConnection, error)
@@ -903,6 +914,37 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.BulkOperation.UpdatedAt(childComplexity), true
+
+	case "ConcurrencyKeyState.atLimit":
+		if e.ComplexityRoot.ConcurrencyKeyState.AtLimit == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConcurrencyKeyState.AtLimit(childComplexity), true
+	case "ConcurrencyKeyState.key":
+		if e.ComplexityRoot.ConcurrencyKeyState.Key == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConcurrencyKeyState.Key(childComplexity), true
+	case "ConcurrencyKeyState.limit":
+		if e.ComplexityRoot.ConcurrencyKeyState.Limit == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConcurrencyKeyState.Limit(childComplexity), true
+	case "ConcurrencyKeyState.queued":
+		if e.ComplexityRoot.ConcurrencyKeyState.Queued == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConcurrencyKeyState.Queued(childComplexity), true
+	case "ConcurrencyKeyState.running":
+		if e.ComplexityRoot.ConcurrencyKeyState.Running == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ConcurrencyKeyState.Running(childComplexity), true
 
 	case "CreateApiKeyPayload.apiKey":
 		if e.ComplexityRoot.CreateApiKeyPayload.APIKey == nil {
@@ -1642,6 +1684,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.BulkOperations(childComplexity, args["first"].(*int), args["after"].(*uuid.UUID)), true
+	case "Query.concurrencyKeys":
+		if e.ComplexityRoot.Query.ConcurrencyKeys == nil {
+			break
+		}
+
+		args, err := ec.field_Query_concurrencyKeys_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.ConcurrencyKeys(childComplexity, args["workflowId"].(uuid.UUID), args["first"].(*int)), true
 	case "Query.event":
 		if e.ComplexityRoot.Query.Event == nil {
 			break
@@ -1891,6 +1944,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.ResumeWorkflowPayload.Workflow(childComplexity), true
 
+	case "Run.concurrencyKey":
+		if e.ComplexityRoot.Run.ConcurrencyKey == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.ConcurrencyKey(childComplexity), true
 	case "Run.createdAt":
 		if e.ComplexityRoot.Run.CreatedAt == nil {
 			break
@@ -3292,7 +3351,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "billing.graphqls" "bulk.graphqls" "events.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
+//go:embed "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -3306,6 +3365,7 @@ func sourceData(filename string) string {
 var sources = []*ast.Source{
 	{Name: "billing.graphqls", Input: sourceData("billing.graphqls"), BuiltIn: false},
 	{Name: "bulk.graphqls", Input: sourceData("bulk.graphqls"), BuiltIn: false},
+	{Name: "concurrency.graphqls", Input: sourceData("concurrency.graphqls"), BuiltIn: false},
 	{Name: "events.graphqls", Input: sourceData("events.graphqls"), BuiltIn: false},
 	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
@@ -3392,6 +3452,22 @@ func (ec *executionContext) childFields_BulkOperation(ctx context.Context, field
 		return ec.fieldContext_BulkOperation_finishedAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type BulkOperation", field.Name)
+}
+
+func (ec *executionContext) childFields_ConcurrencyKeyState(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "key":
+		return ec.fieldContext_ConcurrencyKeyState_key(ctx, field)
+	case "running":
+		return ec.fieldContext_ConcurrencyKeyState_running(ctx, field)
+	case "queued":
+		return ec.fieldContext_ConcurrencyKeyState_queued(ctx, field)
+	case "limit":
+		return ec.fieldContext_ConcurrencyKeyState_limit(ctx, field)
+	case "atLimit":
+		return ec.fieldContext_ConcurrencyKeyState_atLimit(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ConcurrencyKeyState", field.Name)
 }
 
 func (ec *executionContext) childFields_CreateApiKeyPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -3630,6 +3706,8 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_metadata(ctx, field)
 	case "rerunOf":
 		return ec.fieldContext_Run_rerunOf(ctx, field)
+	case "concurrencyKey":
+		return ec.fieldContext_Run_concurrencyKey(ctx, field)
 	case "parentRunId":
 		return ec.fieldContext_Run_parentRunId(ctx, field)
 	case "parentNode":
@@ -5048,6 +5126,28 @@ func (ec *executionContext) field_Query_bulkOperations_args(ctx context.Context,
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_concurrencyKeys_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "workflowId",
+		func(ctx context.Context, v any) (uuid.UUID, error) {
+			return ec.unmarshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["workflowId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_event_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -6216,6 +6316,121 @@ func (ec *executionContext) _BulkOperation_finishedAt(ctx context.Context, field
 }
 func (ec *executionContext) fieldContext_BulkOperation_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("BulkOperation", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ConcurrencyKeyState_key(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConcurrencyKeyState_key(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Key, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConcurrencyKeyState_key(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConcurrencyKeyState", field, false, false, "String")
+}
+
+func (ec *executionContext) _ConcurrencyKeyState_running(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConcurrencyKeyState_running(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Running, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConcurrencyKeyState_running(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConcurrencyKeyState", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ConcurrencyKeyState_queued(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConcurrencyKeyState_queued(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Queued, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConcurrencyKeyState_queued(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConcurrencyKeyState", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ConcurrencyKeyState_limit(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConcurrencyKeyState_limit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Limit, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConcurrencyKeyState_limit(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConcurrencyKeyState", field, false, false, "Int")
+}
+
+func (ec *executionContext) _ConcurrencyKeyState_atLimit(ctx context.Context, field graphql.CollectedField, obj *model.ConcurrencyKeyState) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ConcurrencyKeyState_atLimit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AtLimit, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ConcurrencyKeyState_atLimit(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ConcurrencyKeyState", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _CreateApiKeyPayload_apiKey(ctx context.Context, field graphql.CollectedField, obj *model.CreateAPIKeyPayload) (ret graphql.Marshaler) {
@@ -9542,6 +9757,50 @@ func (ec *executionContext) fieldContext_Query_pausedQueues(_ context.Context, f
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_concurrencyKeys(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_concurrencyKeys(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().ConcurrencyKeys(ctx, fc.Args["workflowId"].(uuid.UUID), fc.Args["first"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ConcurrencyKeyState) graphql.Marshaler {
+			return ec.marshalNConcurrencyKeyState2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐConcurrencyKeyStateᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_concurrencyKeys(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ConcurrencyKeyState(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_concurrencyKeys_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_events(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10517,6 +10776,29 @@ func (ec *executionContext) _Run_rerunOf(ctx context.Context, field graphql.Coll
 }
 func (ec *executionContext) fieldContext_Run_rerunOf(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Run", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Run_concurrencyKey(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_concurrencyKey(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ConcurrencyKey, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Run_concurrencyKey(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "String")
 }
 
 func (ec *executionContext) _Run_parentRunId(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -17394,6 +17676,59 @@ func (ec *executionContext) _BulkOperation(ctx context.Context, sel ast.Selectio
 	return out
 }
 
+var concurrencyKeyStateImplementors = []string{"ConcurrencyKeyState"}
+
+func (ec *executionContext) _ConcurrencyKeyState(ctx context.Context, sel ast.SelectionSet, obj *model.ConcurrencyKeyState) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, concurrencyKeyStateImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ConcurrencyKeyState")
+		case "key":
+			out.Values[i] = ec._ConcurrencyKeyState_key(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "running":
+			out.Values[i] = ec._ConcurrencyKeyState_running(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "queued":
+			out.Values[i] = ec._ConcurrencyKeyState_queued(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "limit":
+			out.Values[i] = ec._ConcurrencyKeyState_limit(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "atLimit":
+			out.Values[i] = ec._ConcurrencyKeyState_atLimit(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var createApiKeyPayloadImplementors = []string{"CreateApiKeyPayload"}
 
 func (ec *executionContext) _CreateApiKeyPayload(ctx context.Context, sel ast.SelectionSet, obj *model.CreateAPIKeyPayload) graphql.Marshaler {
@@ -18396,6 +18731,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_pausedQueues(ctx, field)
 				})
+		case "concurrencyKeys":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_concurrencyKeys(ctx, field)
+				})
 		case "events":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
@@ -18678,6 +19019,11 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 				})
 		case "rerunOf":
 			out.Values[i] = ec._Run_rerunOf(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "concurrencyKey":
+			out.Values[i] = ec._Run_concurrencyKey(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
@@ -20988,6 +21334,26 @@ func (ec *executionContext) unmarshalNBulkOperationStatus2githubᚗcomᚋcompose
 
 func (ec *executionContext) marshalNBulkOperationStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐBulkOperationStatus(ctx context.Context, sel ast.SelectionSet, v model.BulkOperationStatus) graphql.Marshaler {
 	return v
+}
+
+func (ec *executionContext) marshalNConcurrencyKeyState2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐConcurrencyKeyState(ctx context.Context, sel ast.SelectionSet, v model.ConcurrencyKeyState) graphql.Marshaler {
+	return ec._ConcurrencyKeyState(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNConcurrencyKeyState2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐConcurrencyKeyStateᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ConcurrencyKeyState) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNConcurrencyKeyState2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐConcurrencyKeyState(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) unmarshalNCreateApiKeyInput2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐCreateAPIKeyInput(ctx context.Context, v any) (model.CreateAPIKeyInput, error) {

@@ -136,6 +136,8 @@ type idCase struct {
 var idCases = map[string]idCase{
 	"Query.workflow.id": {query: `query($id: ID!) { workflow(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"Query.run.id":      {query: `query($id: ID!) { run(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Query.concurrencyKeys.workflowId": {query: `query($id: ID!) { concurrencyKeys(workflowId: $id) { key } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"Mutation.publishWorkflowVersion.workflowId": {query: `mutation($id: ID!, $d: JSON!) { publishWorkflowVersion(workflowId: $id, definition: $d) { version } }`,
 		vars: func(a tenantWorld) map[string]any {
 			return map[string]any{"id": a.workflow, "d": json.RawMessage(waitDef)}

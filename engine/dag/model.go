@@ -64,7 +64,9 @@ type Workflow struct {
 	Triggers []*Trigger `json:"triggers,omitempty"`
 	// CancelOn cancels a running run when a matching event is published.
 	CancelOn []*CancelOn `json:"cancel_on,omitempty"`
-	Nodes    []*Node     `json:"nodes"`
+	// Concurrency limits the runs running at once per key.
+	Concurrency *ConcurrencySpec `json:"concurrency,omitempty"`
+	Nodes       []*Node          `json:"nodes"`
 
 	byID     map[string]*Node
 	order    []string            // topological

@@ -100,6 +100,7 @@ type rawWorkflow struct {
 	Metadata    map[string]string `json:"metadata"`
 	Triggers    []*Trigger        `json:"triggers"`
 	CancelOn    []*CancelOn       `json:"cancel_on"`
+	Concurrency *ConcurrencySpec  `json:"concurrency"`
 	Nodes       []json.RawMessage `json:"nodes"`
 }
 
@@ -111,7 +112,7 @@ func decode(data []byte) (*Workflow, []Problem) {
 		return nil, []Problem{{Message: jsonProblem(err)}}
 	}
 	w := &Workflow{Name: raw.Name, Description: raw.Description, Output: raw.Output, Metadata: raw.Metadata, Triggers: raw.Triggers,
-		CancelOn: raw.CancelOn}
+		CancelOn: raw.CancelOn, Concurrency: raw.Concurrency}
 	var problems []Problem
 	if len(raw.Timeout) > 0 && string(raw.Timeout) != "null" {
 		if err := json.Unmarshal(raw.Timeout, &w.Timeout); err != nil {

@@ -49,6 +49,7 @@ func (w *Workflow) validate() []Problem {
 	}
 	checkDuration(&ps, "", "timeout", w.Timeout, false)
 	w.validateTriggers(&ps)
+	w.validateConcurrency(&ps)
 
 	w.byID = make(map[string]*Node, len(w.Nodes))
 	for i, n := range w.Nodes {

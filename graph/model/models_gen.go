@@ -27,6 +27,18 @@ type BulkFilter struct {
 	Metadata json.RawMessage `json:"metadata"`
 }
 
+// One concurrency key of a workflow: how many of its runs run and wait.
+type ConcurrencyKeyState struct {
+	Key     string `json:"key"`
+	Running int    `json:"running"`
+	// Runs waiting for a slot of the key (status QUEUED), started oldest first.
+	Queued int `json:"queued"`
+	// The workflow's latest limit per key.
+	Limit int `json:"limit"`
+	// Whether the key has no room: a new run of it queues (or is cancelled, or cancels the oldest, by the strategy).
+	AtLimit bool `json:"atLimit"`
+}
+
 type CreateAPIKeyInput struct {
 	Name      string     `json:"name"`
 	Scopes    []string   `json:"scopes"`

@@ -274,7 +274,7 @@ func (s *System) WaitRun(id uuid.UUID, timeout time.Duration) (engine.RunView, m
 	var tasks map[string]engine.TaskView
 	Eventually(s.T, fmt.Sprintf("run %s to finish", id), timeout, func() bool {
 		run, tasks = s.Run(id)
-		return run.Status != "running"
+		return run.Status != "running" && run.Status != "queued"
 	})
 	return run, tasks
 }

@@ -77,7 +77,7 @@ type Run struct {
 	WorkflowID      string
 	Workflow        string
 	WorkflowVersion int
-	// Status is RUNNING, COMPLETED, FAILED or CANCELLED.
+	// Status is QUEUED, RUNNING, COMPLETED, FAILED or CANCELLED.
 	Status         string
 	Input          json.RawMessage
 	Output         json.RawMessage
@@ -90,11 +90,14 @@ type Run struct {
 	// child run ("" for a run started otherwise).
 	ParentRunID string
 	ParentNode  string
-	Tasks       []Task
+	// ConcurrencyKey is the run's key under its workflow's concurrency
+	// limit ("" without one).
+	ConcurrencyKey string
+	Tasks          []Task
 }
 
 // Done reports whether the run reached a terminal status.
-func (r *Run) Done() bool { return r.Status != "RUNNING" }
+func (r *Run) Done() bool { return r.Status != "RUNNING" && r.Status != "QUEUED" }
 
 // Task is one node's task in a run.
 type Task struct {
@@ -117,7 +120,8 @@ type Task struct {
 func runOf(f RunFields) *Run {
 	r := &Run{ID: f.Id, WorkflowID: f.Workflow.Id, Workflow: f.Workflow.Name, WorkflowVersion: f.WorkflowVersion, Status: string(f.Status),
 		Input: f.Input, Output: raw(f.Output), Error: raw(f.Error), IdempotencyKey: str(f.IdempotencyKey), CreatedAt: f.CreatedAt,
-		UpdatedAt: f.UpdatedAt, FinishedAt: f.FinishedAt, ParentRunID: str(f.ParentRunId), ParentNode: str(f.ParentNode)}
+		UpdatedAt: f.UpdatedAt, FinishedAt: f.FinishedAt, ParentRunID: str(f.ParentRunId), ParentNode: str(f.ParentNode),
+		ConcurrencyKey: str(f.ConcurrencyKey)}
 	for _, t := range f.Tasks {
 		r.Tasks = append(r.Tasks, Task{ID: t.Id, NodeID: t.NodeId, NodeType: t.NodeType, Queue: str(t.Queue), Handler: str(t.Handler),
 			State: string(t.State), Attempt: t.Attempt, MaxAttempts: t.MaxAttempts, Output: raw(t.Output), LastError: raw(t.LastError),

@@ -329,6 +329,8 @@ type RunFields struct {
 	// For a child run: the run whose workflow node (or map element) started it, and that node's id.
 	ParentRunId *string `json:"parentRunId"`
 	ParentNode  *string `json:"parentNode"`
+	// The run's concurrency key, for a workflow with a concurrency limit.
+	ConcurrencyKey *string `json:"concurrencyKey"`
 	// Every node's task (and every map element's), in creation order.
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
@@ -371,6 +373,9 @@ func (v *RunFields) GetParentRunId() *string { return v.ParentRunId }
 
 // GetParentNode returns RunFields.ParentNode, and is useful for accessing the field via an interface.
 func (v *RunFields) GetParentNode() *string { return v.ParentNode }
+
+// GetConcurrencyKey returns RunFields.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *RunFields) GetConcurrencyKey() *string { return v.ConcurrencyKey }
 
 // GetTasks returns RunFields.Tasks, and is useful for accessing the field via an interface.
 func (v *RunFields) GetTasks() []RunFieldsTasksTask { return v.Tasks }
@@ -1436,6 +1441,9 @@ func (v *cancelRunCancelRun) GetParentRunId() *string { return v.RunFields.Paren
 // GetParentNode returns cancelRunCancelRun.ParentNode, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetParentNode() *string { return v.RunFields.ParentNode }
 
+// GetConcurrencyKey returns cancelRunCancelRun.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetConcurrencyKey() *string { return v.RunFields.ConcurrencyKey }
+
 // GetTasks returns cancelRunCancelRun.Tasks, and is useful for accessing the field via an interface.
 func (v *cancelRunCancelRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
 
@@ -1491,6 +1499,8 @@ type __premarshalcancelRunCancelRun struct {
 
 	ParentNode *string `json:"parentNode"`
 
+	ConcurrencyKey *string `json:"concurrencyKey"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -1518,6 +1528,7 @@ func (v *cancelRunCancelRun) __premarshalJSON() (*__premarshalcancelRunCancelRun
 	retval.FinishedAt = v.RunFields.FinishedAt
 	retval.ParentRunId = v.RunFields.ParentRunId
 	retval.ParentNode = v.RunFields.ParentNode
+	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -2330,6 +2341,9 @@ func (v *getRunRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
 // GetParentNode returns getRunRun.ParentNode, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetParentNode() *string { return v.RunFields.ParentNode }
 
+// GetConcurrencyKey returns getRunRun.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetConcurrencyKey() *string { return v.RunFields.ConcurrencyKey }
+
 // GetTasks returns getRunRun.Tasks, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
 
@@ -2385,6 +2399,8 @@ type __premarshalgetRunRun struct {
 
 	ParentNode *string `json:"parentNode"`
 
+	ConcurrencyKey *string `json:"concurrencyKey"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -2412,6 +2428,7 @@ func (v *getRunRun) __premarshalJSON() (*__premarshalgetRunRun, error) {
 	retval.FinishedAt = v.RunFields.FinishedAt
 	retval.ParentRunId = v.RunFields.ParentRunId
 	retval.ParentNode = v.RunFields.ParentNode
+	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -4227,6 +4244,11 @@ func (v *startRunStartRunStartRunPayloadRun) GetParentRunId() *string { return v
 // GetParentNode returns startRunStartRunStartRunPayloadRun.ParentNode, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetParentNode() *string { return v.RunFields.ParentNode }
 
+// GetConcurrencyKey returns startRunStartRunStartRunPayloadRun.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetConcurrencyKey() *string {
+	return v.RunFields.ConcurrencyKey
+}
+
 // GetTasks returns startRunStartRunStartRunPayloadRun.Tasks, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetTasks() []RunFieldsTasksTask {
 	return v.RunFields.Tasks
@@ -4284,6 +4306,8 @@ type __premarshalstartRunStartRunStartRunPayloadRun struct {
 
 	ParentNode *string `json:"parentNode"`
 
+	ConcurrencyKey *string `json:"concurrencyKey"`
+
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
@@ -4311,6 +4335,7 @@ func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalst
 	retval.FinishedAt = v.RunFields.FinishedAt
 	retval.ParentRunId = v.RunFields.ParentRunId
 	retval.ParentNode = v.RunFields.ParentNode
+	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
 	retval.Tasks = v.RunFields.Tasks
 	return &retval, nil
 }
@@ -4781,6 +4806,7 @@ fragment RunFields on Run {
 	finishedAt
 	parentRunId
 	parentNode
+	concurrencyKey
 	tasks {
 		id
 		nodeId
@@ -5164,6 +5190,7 @@ fragment RunFields on Run {
 	finishedAt
 	parentRunId
 	parentNode
+	concurrencyKey
 	tasks {
 		id
 		nodeId
@@ -5914,6 +5941,7 @@ fragment RunFields on Run {
 	finishedAt
 	parentRunId
 	parentNode
+	concurrencyKey
 	tasks {
 		id
 		nodeId

@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	sm "github.com/composer-dev/composer/engine/statemachine"
+	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
+)
+
+func concurrent(strategy string, limit int) string {
+	return fmt.Sprintf(`{"concurrency": {"key": "input.customer", "limit": %d, "strategy": %q},
+		"nodes": [{"id": "a", "type": "noop"}]}`, limit, strategy)
+}
+
+func (f *fixture) statuses(runs ...uuid.UUID) []string {
+	f.t.Helper()
+	out := make([]string, len(runs))
+	for i, r := range runs {
+		out[i] = string(f.runStatus(r))
+	}
+	return out
+}
+
+func (f *fixture) keys(wf uuid.UUID) []KeyState {
+	f.t.Helper()
+	var out []KeyState
+	require.NoError(f.t, f.db.WithTenant(context.Background(), f.tenant, func(ctx context.Context, tx *pg.Tx) error {
+		var err error
+		out, err = ConcurrencyKeys(ctx, tx, wf, 10)
+		return err
+	}))
+	return out
+}
+
+func TestConcurrencyKeyQueuesBeyondItsLimitInOrder(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	wf := f.workflow(concurrent("queue", 1))
+	a1, a2, a3 := f.start(wf, `{"customer": "A"}`), f.start(wf, `{"customer": "A"}`), f.start(wf, `{"customer": "A"}`)
+	b1 := f.start(wf, `{"customer": "B"}`)
+	assert.Equal(t, []string{"running", "queued", "queued", "running"}, f.statuses(a1, a2, a3, b1), "one run per key; B is not held up by A")
+	_, ok := f.task(a2, "a")
+	assert.False(t, ok, "a queued run has no task")
+	assert.Equal(t, []KeyState{{Key: "A", Running: 1, Queued: 2}, {Key: "B", Running: 1}}, f.keys(wf))
+
+	f.complete(a1, "a", `{}`)
+	f.fireTimers()
+	assert.Equal(t, []string{"completed", "running", "queued"}, f.statuses(a1, a2, a3), "the oldest queued run of the key starts")
+	_, err := f.c.CancelRun(context.Background(), f.tenant, a2, "no")
+	require.NoError(t, err)
+	f.fireTimers()
+	assert.Equal(t, []string{"cancelled", "running"}, f.statuses(a2, a3), "a cancelled run frees its slot too")
+	f.complete(a3, "a", `{}`)
+	f.complete(b1, "a", `{}`)
+	f.fireTimers()
+	assert.Empty(t, f.keys(wf))
+	assert.Zero(t, f.count(`SELECT count(*) FROM timers WHERE tenant_id = $1`, f.tenant))
+
+	var reason string
+	require.NoError(t, f.env.System.QueryRow(context.Background(), `SELECT detail->>'reason' FROM run_events WHERE run_id = $1 AND kind = 'run_queued'`, a2).Scan(&reason))
+	assert.Equal(t, `concurrency key "A" is at its limit of 1`, reason)
+}
+
+func TestCancelNewestAndCancelInProgress(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	newest := f.workflow(concurrent("cancel_newest", 1))
+	first := f.start(newest, `{"customer": "A"}`)
+	res, err := f.c.StartRun(context.Background(), f.tenant, StartRun{WorkflowID: newest, Input: json.RawMessage(`{"customer": "A"}`)})
+	require.NoError(t, err)
+	assert.Equal(t, sm.RunCancelled, res.Status, "the newest run is cancelled at once")
+	assert.Equal(t, []string{"running", "cancelled"}, f.statuses(first, res.RunID))
+
+	inProgress := f.workflow(concurrent("cancel_in_progress", 1))
+	old := f.start(inProgress, `{"customer": "A"}`)
+	younger := f.start(inProgress, `{"customer": "A"}`)
+	assert.Equal(t, []string{"running", "running"}, f.statuses(old, younger), "the new run starts; the old one is cancelled by its timer")
+	f.fireTimers()
+	assert.Equal(t, []string{"cancelled", "running"}, f.statuses(old, younger))
+	var reason string
+	require.NoError(t, f.env.System.QueryRow(context.Background(), `SELECT error->>'message' FROM workflow_runs WHERE id = $1`, old).Scan(&reason))
+	assert.Contains(t, reason, `superseded by a newer run of concurrency key "A"`)
+}
+
+func TestARerunTakesASlotOrIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	wf := f.workflow(concurrent("queue", 1))
+	a := f.start(wf, `{"customer": "A"}`)
+	_, err := f.c.CancelRun(context.Background(), f.tenant, a, "stop")
+	require.NoError(t, err)
+	f.fireTimers()
+	b := f.start(wf, `{"customer": "A"}`)
+	_, err = f.c.RerunRun(context.Background(), f.tenant, a)
+	assert.Equal(t, errs.Conflict, errs.KindOf(err), "the key has no room: %v", err)
+	assert.Equal(t, sm.RunCancelled, f.runStatus(a))
+	f.complete(b, "a", `{}`)
+	f.fireTimers()
+	_, err = f.c.RerunRun(context.Background(), f.tenant, a)
+	require.NoError(t, err)
+	assert.Equal(t, sm.RunRunning, f.runStatus(a))
+}
+
+func TestAConcurrencyKeyThatCannotBeEvaluatedRefusesTheStart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	wf := f.workflow(concurrent("queue", 1))
+	_, err := f.c.StartRun(context.Background(), f.tenant, StartRun{WorkflowID: wf, Input: json.RawMessage(`{}`)})
+	require.Equal(t, errs.Invalid, errs.KindOf(err))
+	var e *errs.Error
+	require.ErrorAs(t, err, &e)
+	assert.Equal(t, "concurrency.key", e.Fields[0].Field)
+	assert.Zero(t, f.count(`SELECT count(*) FROM workflow_runs WHERE tenant_id = $1`, f.tenant), "nothing written")
+	meta := f.workflow(`{"concurrency": {"key": "metadata.account", "limit": 2}, "nodes": [{"id": "a", "type": "noop"}]}`)
+	res, err := f.c.StartRun(context.Background(), f.tenant, StartRun{WorkflowID: meta, Metadata: map[string]string{"account": "acc-1"}})
+	require.NoError(t, err)
+	assert.Equal(t, []KeyState{{Key: "acc-1", Running: 1}}, f.keys(meta), "a key from the metadata")
+	_ = res
+}
+
+// TestConcurrentStartsNeverExceedTheLimit: 16 goroutines start runs of 4
+// keys at once (limit 2); under the key's lock no key ever has more than 2
+// running, the rest queue, and releasing drains every key in order.
+func TestConcurrentStartsNeverExceedTheLimit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	wf := f.workflow(concurrent("queue", 2))
+	var wg sync.WaitGroup
+	errc := make(chan error, 16)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5 {
+				_, err := f.c.StartRun(context.Background(), f.tenant, StartRun{WorkflowID: wf,
+					Input: json.RawMessage(fmt.Sprintf(`{"customer": "k%d"}`, (g+i)%4))})
+				if err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		require.NoError(t, err)
+	}
+	for _, k := range f.keys(wf) {
+		assert.Equal(t, 2, k.Running, "key %s", k.Key)
+		assert.Equal(t, 18, k.Queued, "key %s", k.Key)
+	}
+	// Drain: complete whatever runs, release, until nothing is left.
+	for round := 0; f.count(`SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status IN ('running', 'queued')`, f.tenant) > 0; round++ {
+		require.Less(t, round, 100)
+		rows, err := f.env.System.Query(context.Background(), `SELECT id FROM workflow_runs WHERE tenant_id = $1 AND status = 'running'`, f.tenant)
+		require.NoError(t, err)
+		var running []uuid.UUID
+		for rows.Next() {
+			var id uuid.UUID
+			require.NoError(t, rows.Scan(&id))
+			running = append(running, id)
+		}
+		rows.Close()
+		for _, id := range running {
+			f.complete(id, "a", `{}`)
+		}
+		f.fireTimers()
+		for _, k := range f.keys(wf) {
+			require.LessOrEqual(t, k.Running, 2)
+		}
+	}
+	assert.Equal(t, 80, f.count(`SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status = 'completed'`, f.tenant))
+}

@@ -1,0 +1,131 @@
+package dag
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/types"
+)
+
+// Concurrency strategies: what a start does when its key already has
+// Limit runs running.
+const (
+	// ConcurrencyQueue queues the run (FIFO per key) until one of the
+	// key's runs ends.
+	ConcurrencyQueue = "queue"
+	// ConcurrencyCancelInProgress starts the run and cancels the key's
+	// oldest running runs beyond Limit-1.
+	ConcurrencyCancelInProgress = "cancel_in_progress"
+	// ConcurrencyCancelNewest cancels the new run at once.
+	ConcurrencyCancelNewest = "cancel_newest"
+)
+
+// Concurrency bounds.
+const (
+	MaxConcurrencyLimit    = 1000
+	MaxConcurrencyKeyChars = 256
+)
+
+// ConcurrencySpec limits how many runs of the workflow run at once per key:
+// Key is a CEL expression over the run's `input` and `metadata` (a map of
+// strings) giving a string, number or boolean; Limit runs of one key run at
+// once; Strategy says what a start beyond it does (queue by default).
+type ConcurrencySpec struct {
+	Key      string `json:"key"`
+	Limit    int    `json:"limit"`
+	Strategy string `json:"strategy,omitempty"`
+
+	key *program
+}
+
+// StrategyName is the spec's strategy or the default.
+func (c *ConcurrencySpec) StrategyName() string {
+	if c.Strategy == "" {
+		return ConcurrencyQueue
+	}
+	return c.Strategy
+}
+
+var (
+	concEnvOnce sync.Once
+	concEnv     *cel.Env
+	concEnvErr  error
+)
+
+func (w *Workflow) validateConcurrency(ps *problems) {
+	c := w.Concurrency
+	if c == nil {
+		return
+	}
+	if c.Limit < 1 || c.Limit > MaxConcurrencyLimit {
+		ps.add("", "concurrency.limit", "must be between 1 and %d", MaxConcurrencyLimit)
+	}
+	switch c.Strategy {
+	case "", ConcurrencyQueue, ConcurrencyCancelInProgress, ConcurrencyCancelNewest:
+	default:
+		ps.add("", "concurrency.strategy", "must be %s, %s or %s", ConcurrencyQueue, ConcurrencyCancelInProgress, ConcurrencyCancelNewest)
+	}
+	if len(c.Key) > MaxExpressionBytes {
+		ps.add("", "concurrency.key", "is longer than %d bytes", MaxExpressionBytes)
+		return
+	}
+	concEnvOnce.Do(func() {
+		concEnv, concEnvErr = newEnv(cel.Variable("input", cel.DynType), cel.Variable("metadata", cel.MapType(cel.StringType, cel.StringType)))
+	})
+	if concEnvErr != nil {
+		ps.add("", "concurrency.key", "%v", concEnvErr)
+		return
+	}
+	p, _, err := compileIn(concEnv, c.Key, false)
+	if err != nil {
+		ps.add("", "concurrency.key", "%v", err)
+		return
+	}
+	c.key = p
+}
+
+// ConcurrencyKey evaluates the workflow's concurrency key for a run's
+// input and metadata: a string (numbers and booleans as JSON writes them)
+// of at most MaxConcurrencyKeyChars. It is "" when the workflow has no
+// concurrency limit.
+func (w *Workflow) ConcurrencyKey(input json.RawMessage, metadata map[string]string) (string, error) {
+	if w.Concurrency == nil || w.Concurrency.key == nil {
+		return "", nil
+	}
+	in, err := DecodeJSON(input)
+	if err != nil {
+		return "", fmt.Errorf("concurrency.key: run input: %w", err)
+	}
+	if metadata == nil {
+		metadata = map[string]string{}
+	}
+	v, err := w.Concurrency.key.evalWith(map[string]any{"input": in, "metadata": metadata})
+	if err != nil {
+		return "", fmt.Errorf("concurrency.key: %w", err)
+	}
+	var key string
+	switch x := v.(type) {
+	case types.String:
+		key = string(x)
+	case types.Int:
+		key = strconv.FormatInt(int64(x), 10)
+	case types.Uint:
+		key = strconv.FormatUint(uint64(x), 10)
+	case types.Bool:
+		key = strconv.FormatBool(bool(x))
+	case types.Double:
+		key = strconv.FormatFloat(float64(x), 'g', -1, 64)
+	default:
+		return "", fmt.Errorf("concurrency.key: %s evaluated to %s, not a string, number or boolean", w.Concurrency.key.source, v.Type().TypeName())
+	}
+	if key == "" {
+		return "", fmt.Errorf("concurrency.key: %s evaluated to an empty string", w.Concurrency.key.source)
+	}
+	if len(key) > MaxConcurrencyKeyChars {
+		return "", fmt.Errorf("concurrency.key: %s evaluated to %d characters; at most %d", w.Concurrency.key.source, len(key), MaxConcurrencyKeyChars)
+	}
+	return key, nil
+}
