@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -279,3 +280,65 @@ func (c *Coordinator) WorkflowKeys(ctx context.Context, tx *pg.Tx, workflow uuid
 	keys, err := ConcurrencyKeys(ctx, tx, workflow, first)
 	return keys, def.wf.Concurrency.Limit, err
 }
+
+// dispatchKeyed dispatches an attempt of a step with a concurrency key:
+// under the key's lock, the task takes one of the key's slots if one is
+// free and no older task of the key waits (a task that holds one keeps it),
+// and its outbox row is due at notBefore with a slot, held ('infinity')
+// without. The key, its limit and the slot live on the task row, written
+// earlier in the same batch, so each statement reads them there.
+func (p *persister) dispatchKeyed(n *dag.Node, node string, t taskRef, attempt int, notBefore time.Time) {
+	tenant := p.tx.Tenant
+	p.exec(qLockTaskKey, tenant, p.runID, t.id)
+	p.exec(qTakeSlot, tenant, p.runID, t.id)
+	p.exec(qInsertKeyedOutbox, tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), n.HandlerName(), attempt, p.traceparent, notBefore)
+}
+
+// releaseSlot gives back the slot of a keyed step's task that ends, drops
+// its held outbox rows, and grants the key's free slots to its oldest
+// waiting tasks (their rows become due; the enqueuer is woken).
+func (p *persister) releaseSlot(node string, task uuid.UUID) {
+	if n := p.def.wf.Node(node); n == nil || n.Concurrency == nil {
+		return
+	}
+	tenant := p.tx.Tenant
+	p.exec(qDropHeldOutbox, tenant, task)
+	p.exec(qLockTaskKey, tenant, p.runID, task)
+	p.exec(qGrantSlots, tenant, p.runID, task)
+	p.dispatched = true
+}
+
+const (
+	qLockTaskKey = `SELECT pg_advisory_xact_lock(hashtextextended('step/' || tenant_id::text || '/' || concurrency_key, 0))
+			FROM task_instances WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND concurrency_key IS NOT NULL`
+	qTakeSlot = `UPDATE task_instances t SET concurrency_slot = true
+			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND NOT t.concurrency_slot AND t.concurrency_key IS NOT NULL
+			   AND (SELECT count(*) FROM task_instances h WHERE h.tenant_id = t.tenant_id AND h.concurrency_key = t.concurrency_key
+			          AND h.concurrency_slot AND h.state IN ('pending', 'running')) < t.concurrency_limit
+			   AND NOT EXISTS (SELECT 1 FROM task_instances w WHERE w.tenant_id = t.tenant_id AND w.concurrency_key = t.concurrency_key
+			          AND w.state = 'pending' AND NOT w.concurrency_slot AND (w.created_at, w.id) < (t.created_at, t.id))`
+	qInsertKeyedOutbox = `INSERT INTO outbox (tenant_id, queue, run_id, task_id, node_id, node_type, handler, attempt, traceparent, next_attempt_at)
+			SELECT $1, $2, $3, $4, $5, $6, NULLIF($7, ''), $8, NULLIF($9, ''),
+			       CASE WHEN t.concurrency_slot THEN $10::timestamptz ELSE 'infinity' END
+			  FROM task_instances t WHERE t.tenant_id = $1 AND t.run_id = $3 AND t.id = $4`
+	qDropHeldOutbox = `DELETE FROM outbox WHERE tenant_id = $1 AND task_id = $2 AND next_attempt_at = 'infinity'`
+	// The ended task is no longer pending or running (its UPDATE came first
+	// in the batch), so its slot is free to grant.
+	qGrantSlots = `WITH k AS (
+			SELECT tenant_id, concurrency_key AS key, concurrency_limit AS lim FROM task_instances
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND concurrency_key IS NOT NULL
+		), room AS (
+			SELECT k.key, k.lim - (SELECT count(*) FROM task_instances h WHERE h.tenant_id = k.tenant_id AND h.concurrency_key = k.key
+			                         AND h.concurrency_slot AND h.state IN ('pending', 'running')) AS n FROM k
+		), next AS (
+			SELECT w.tenant_id, w.run_id, w.id FROM task_instances w, room
+			 WHERE w.tenant_id = $1 AND w.concurrency_key = room.key AND w.state = 'pending' AND NOT w.concurrency_slot
+			 ORDER BY w.created_at, w.id LIMIT (SELECT greatest(n, 0) FROM room)
+			   FOR UPDATE OF w SKIP LOCKED
+		), granted AS (
+			UPDATE task_instances t SET concurrency_slot = true FROM next
+			 WHERE t.tenant_id = next.tenant_id AND t.run_id = next.run_id AND t.id = next.id RETURNING t.tenant_id, t.id
+		)
+		UPDATE outbox o SET next_attempt_at = now() FROM granted g
+		 WHERE o.tenant_id = g.tenant_id AND o.task_id = g.id AND o.next_attempt_at = 'infinity'`
+)

@@ -181,3 +181,47 @@ func TestConcurrentStartsNeverExceedTheLimit(t *testing.T) {
 	}
 	assert.Equal(t, 80, f.count(`SELECT count(*) FROM workflow_runs WHERE tenant_id = $1 AND status = 'completed'`, f.tenant))
 }
+
+// TestAStepConcurrencyKeyHoldsTasksUntilASlotIsFree: a step limited to one
+// task per key across runs: the first run's task is dispatched, the second
+// and third wait with their outbox rows held (and are not recovered as
+// lost), and each end grants the next in order; another key is not held up.
+func TestAStepConcurrencyKeyHoldsTasksUntilASlotIsFree(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	wf := f.workflow(`{"nodes": [{"id": "call", "type": "noop", "retry": {"max_attempts": 1},
+		"concurrency": {"key": "input.partner", "limit": 1}}]}`)
+	due := func(run uuid.UUID) string {
+		var n, held int
+		require.NoError(t, f.env.System.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE next_attempt_at <= now()),
+			count(*) FILTER (WHERE next_attempt_at = 'infinity') FROM outbox WHERE run_id = $1`, run).Scan(&n, &held))
+		switch {
+		case n > 0:
+			return "due"
+		case held > 0:
+			return "held"
+		}
+		return "none"
+	}
+	r1, r2, r3 := f.start(wf, `{"partner": "p"}`), f.start(wf, `{"partner": "p"}`), f.start(wf, `{"partner": "p"}`)
+	other := f.start(wf, `{"partner": "q"}`)
+	assert.Equal(t, []string{"due", "held", "held", "due"}, []string{due(r1), due(r2), due(r3), due(other)})
+
+	f.complete(r1, "call", `{}`)
+	assert.Equal(t, []string{"due", "held"}, []string{due(r2), due(r3)}, "the oldest waiting task got the slot")
+	tk := f.mustTask(r2, "call")
+	_, err := f.c.FailTask(context.Background(), f.tenant, Report{RunID: r2, TaskID: tk.ID, NodeID: "call", Attempt: 1, Error: sm.Error{Code: "x", Message: "x"}})
+	require.NoError(t, err)
+	assert.Equal(t, "due", due(r3), "a failed task gives its slot back too")
+	_, err = f.c.CancelRun(context.Background(), f.tenant, r3, "stop")
+	require.NoError(t, err)
+	assert.Zero(t, f.count(`SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND concurrency_slot AND state IN ('pending', 'running')
+		AND concurrency_key LIKE '%/p'`, f.tenant))
+
+	// A waiting task is not "lost": the held row is there.
+	r4, r5 := f.start(wf, `{"partner": "p"}`), f.start(wf, `{"partner": "p"}`)
+	assert.Equal(t, []string{"due", "held"}, []string{due(r4), due(r5)})
+	_, err = f.c.CancelRun(context.Background(), f.tenant, r5, "stop")
+	require.NoError(t, err)
+	assert.Zero(t, f.count(`SELECT count(*) FROM outbox WHERE run_id = $1 AND next_attempt_at = 'infinity'`, r5), "a cancelled waiting task leaves no held row")
+}

@@ -184,9 +184,17 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 					})
 				continue
 			}
+			var key string
+			if a.ConcurrencyKey != "" {
+				base, _, isItem := dag.ParseItemID(a.NodeID)
+				if !isItem {
+					base = a.NodeID
+				}
+				key = p.workflowID.String() + "/" + base + "/" + a.ConcurrencyKey
+			}
 			p.exec(qInsertTask,
 				tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, string(a.State), a.MaxAttempts,
-				jsonOrNil(a.Input), config, jsonOrNil(a.Output), errJSON(a.Error), a.Reason, dispatchAt, finishedAt)
+				jsonOrNil(a.Input), config, jsonOrNil(a.Output), errJSON(a.Error), a.Reason, dispatchAt, finishedAt, key, a.ConcurrencyLimit)
 		case sm.Dispatch:
 			if a.NodeID == p.eagerNode && a.Attempt == 1 {
 				continue // leased in its INSERT: nothing to publish
@@ -206,6 +214,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			t := p.task(a.NodeID)
 			p.guarded("completing "+a.NodeID, qCompleteTask,
 				tenant, p.runID, t.id, []byte(a.Output), a.Attempt, ownerFor(a.TaskID))
+			p.releaseSlot(a.NodeID, t.id)
 			p.stopAwaiting(a.NodeID, t.id)
 		case sm.RetryTask:
 			t := p.task(a.NodeID)
@@ -217,11 +226,13 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			t := p.task(a.NodeID)
 			p.guarded("failing "+a.NodeID, fmt.Sprintf(qFailTask, states(a.TaskID)),
 				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, ownerFor(a.TaskID))
+			p.releaseSlot(a.NodeID, t.id)
 			p.stopAwaiting(a.NodeID, t.id)
 		case sm.CancelTask:
 			t := p.task(a.NodeID)
 			p.guarded("cancelling "+a.NodeID, qCancelTask,
 				tenant, p.runID, t.id)
+			p.releaseSlot(a.NodeID, t.id)
 			p.stopAwaiting(a.NodeID, t.id)
 			p.cancelChild(a.NodeID, t.id)
 		case sm.ResetNode:
@@ -344,8 +355,8 @@ func (p *persister) eagerCandidate(tr sm.Transition, ref eventRef) string {
 	for _, a := range tr.Actions {
 		switch a := a.(type) {
 		case sm.CreateTask:
-			if a.State == sm.TaskPending {
-				created[a.NodeID] = true
+			if a.State == sm.TaskPending && a.ConcurrencyKey == "" {
+				created[a.NodeID] = true // (a keyed step first waits for its key's slot)
 			}
 		case sm.Dispatch:
 			n := p.def.wf.Node(a.NodeID)
@@ -362,6 +373,10 @@ func (p *persister) dispatch(node string, attempt int, notBefore time.Time) {
 	t := p.task(node)
 	p.dispatched = true
 	handler := n.HandlerName()
+	if n.Concurrency != nil {
+		p.dispatchKeyed(n, node, t, attempt, notBefore)
+		return
+	}
 	const insert = qInsertOutbox
 	if p.c.opts.PublishNow == nil || notBefore.After(p.now) {
 		p.exec(insert, p.tx.Tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), handler, attempt, p.traceparent, notBefore)

@@ -507,8 +507,8 @@ const (
 					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())
 					RETURNING input, config`
 	qInsertTask = `INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
-				input, config, output, last_error, skip_reason, dispatch_at, finished_at)
-				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15)`
+				input, config, output, last_error, skip_reason, dispatch_at, finished_at, concurrency_key, concurrency_limit)
+				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15, NULLIF($16, ''), NULLIF($17, 0))`
 	qInsertTimer  = `INSERT INTO timers (tenant_id, run_id, kind, node_id, task_id, attempt, fire_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`
 	qCompleteTask = `UPDATE task_instances SET state = 'completed', output = $4, lease_owner = NULL,
 				lease_expires_at = NULL, finished_at = now(), updated_at = now()

@@ -8,6 +8,7 @@ import (
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
 )
 
 // Concurrency strategies: what a start does when its key already has
@@ -106,6 +107,12 @@ func (w *Workflow) ConcurrencyKey(input json.RawMessage, metadata map[string]str
 	if err != nil {
 		return "", fmt.Errorf("concurrency.key: %w", err)
 	}
+	return keyString(v, w.Concurrency.key.source)
+}
+
+// keyString writes a key's value as a string (numbers and booleans as JSON
+// writes them), of 1 to MaxConcurrencyKeyChars characters.
+func keyString(v ref.Val, src string) (string, error) {
 	var key string
 	switch x := v.(type) {
 	case types.String:
@@ -119,13 +126,79 @@ func (w *Workflow) ConcurrencyKey(input json.RawMessage, metadata map[string]str
 	case types.Double:
 		key = strconv.FormatFloat(float64(x), 'g', -1, 64)
 	default:
-		return "", fmt.Errorf("concurrency.key: %s evaluated to %s, not a string, number or boolean", w.Concurrency.key.source, v.Type().TypeName())
+		return "", fmt.Errorf("concurrency.key: %s evaluated to %s, not a string, number or boolean", src, v.Type().TypeName())
 	}
 	if key == "" {
-		return "", fmt.Errorf("concurrency.key: %s evaluated to an empty string", w.Concurrency.key.source)
+		return "", fmt.Errorf("concurrency.key: %s evaluated to an empty string", src)
 	}
 	if len(key) > MaxConcurrencyKeyChars {
-		return "", fmt.Errorf("concurrency.key: %s evaluated to %d characters; at most %d", w.Concurrency.key.source, len(key), MaxConcurrencyKeyChars)
+		return "", fmt.Errorf("concurrency.key: %s evaluated to %d characters; at most %d", src, len(key), MaxConcurrencyKeyChars)
 	}
 	return key, nil
+}
+
+// StepConcurrency limits how many tasks of one node, across all runs of
+// the workflow, hold a slot per key at once: Key is a CEL expression over
+// the node's scope (`input`, upstream `nodes`; a map step's also `item` and
+// `index`), Limit the slots per key. A task without a slot waits (FIFO per
+// key) before it is handed to any worker; it keeps its slot through its
+// retries and gives it back when it completes, fails or is cancelled.
+type StepConcurrency struct {
+	Key   string `json:"key"`
+	Limit int    `json:"limit"`
+
+	key *program
+}
+
+func (n *Node) validateStepConcurrency(ps *problems, label string) {
+	c := n.Concurrency
+	if c == nil {
+		return
+	}
+	if !n.Type.RunsOnWorker() {
+		ps.add(label, "concurrency", "is for steps that run on a worker (http, task, noop); a workflow's own limit goes at the top level")
+	}
+	if c.Limit < 1 || c.Limit > MaxConcurrencyLimit {
+		ps.add(label, "concurrency.limit", "must be between 1 and %d", MaxConcurrencyLimit)
+	}
+	switch {
+	case c.Key == "":
+		ps.add(label, "concurrency.key", "is required")
+	case len(c.Key) > MaxExpressionBytes:
+		ps.add(label, "concurrency.key", "is longer than %d bytes", MaxExpressionBytes)
+	}
+}
+
+// StepKey evaluates a worker node's step concurrency key over its scope;
+// "" (and limit 0) when the node has none.
+func (n *Node) StepKey(s Scope) (string, int, error) {
+	c := n.Concurrency
+	if c == nil || c.key == nil {
+		return "", 0, nil
+	}
+	v, err := c.key.eval(s)
+	if err != nil {
+		return "", 0, fmt.Errorf("concurrency.key: %w", err)
+	}
+	k, err := keyString(v, c.key.source)
+	return k, c.Limit, err
+}
+
+// ItemStepKey is StepKey of a map node's step for element index.
+func (n *Node) ItemStepKey(s Scope, item any, index int) (string, int, error) {
+	c := n.Map.Step.Concurrency
+	if c == nil || c.key == nil {
+		return "", 0, nil
+	}
+	act, err := s.activation(c.key.refs)
+	if err != nil {
+		return "", 0, err
+	}
+	act["item"], act["index"] = item, int64(index)
+	v, err := c.key.evalWith(act)
+	if err != nil {
+		return "", 0, fmt.Errorf("map.step.concurrency.key: %w", err)
+	}
+	k, err := keyString(v, c.key.source)
+	return k, c.Limit, err
 }

@@ -95,6 +95,8 @@ type Node struct {
 	Wait                   *WaitSpec         `json:"wait,omitempty"`
 	Workflow               *WorkflowSpec     `json:"workflow,omitempty"`
 	Map                    *MapSpec          `json:"map,omitempty"`
+	// Concurrency limits this step's tasks per key across runs.
+	Concurrency *StepConcurrency `json:"concurrency,omitempty"`
 
 	cond  *program
 	input map[string]*program

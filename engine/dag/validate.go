@@ -206,6 +206,7 @@ func (n *Node) validate(ps *problems, label string) {
 			ps.add(label, "input", "key %q must be an identifier", k)
 		}
 	}
+	n.validateStepConcurrency(ps, label)
 	if wf := n.Workflow; wf != nil {
 		if !WorkflowName.MatchString(wf.Name) {
 			ps.add(label, "workflow.name", "must name a workflow: 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit")
@@ -389,6 +390,14 @@ func (w *Workflow) compile(ps *problems) {
 				n.cond = p
 			}
 		}
+		if c := n.Concurrency; c != nil && c.Key != "" {
+			if p, err := compile(c.Key, false); err != nil {
+				ps.add(n.ID, "concurrency.key", "%v", err)
+			} else {
+				check("concurrency.key", p)
+				c.key = p
+			}
+		}
 		if n.Sleep != nil && n.Sleep.Until != "" {
 			p, err := compile(n.Sleep.Until, false)
 			if err != nil {
@@ -420,6 +429,14 @@ func (w *Workflow) compile(ps *problems) {
 				m.items = p
 			}
 			st := m.Step
+			if c := st.Concurrency; c != nil && c.Key != "" {
+				if p, err := compileItemExpr(c.Key); err != nil {
+					ps.add(n.ID, "map.step.concurrency.key", "%v", err)
+				} else {
+					check("map.step.concurrency.key", p)
+					c.key = p
+				}
+			}
 			st.input = make(map[string]*program, len(st.Input))
 			for _, k := range slices.Sorted(maps.Keys(st.Input)) {
 				field := "map.step.input." + k

@@ -545,6 +545,12 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		m.createWaiting(base, t)
 		m.fillMap(n, items, s)
 	default:
+		key, limit, err := n.StepKey(s)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return
+		}
+		base.ConcurrencyKey, base.ConcurrencyLimit = key, limit
 		base.State = TaskPending
 		m.emit(base)
 		t.State = TaskPending
@@ -666,6 +672,14 @@ func (m *machine) createItem(n *dag.Node, id string, i int, item any, s dag.Scop
 			return false
 		}
 		base.Request = req
+	}
+	if st.Type.RunsOnWorker() {
+		key, limit, err := n.ItemStepKey(s, item, i)
+		if err != nil {
+			m.createFailed(base, t, Error{Code: CodeExpression, Message: err.Error()})
+			return false
+		}
+		base.ConcurrencyKey, base.ConcurrencyLimit = key, limit
 	}
 	if st.Type == dag.TypeWorkflow {
 		m.createWaiting(base, t)

@@ -256,6 +256,11 @@ type CreateTask struct {
 	Error   *Error
 	// Reason says why a task was created already skipped.
 	Reason string
+	// ConcurrencyKey and ConcurrencyLimit are a worker node's step
+	// concurrency key and limit: its Dispatch waits for one of the key's
+	// slots ("" and 0 without one).
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 }
 
 // Dispatch sends a worker node's attempt to its queue, no earlier than
