@@ -144,6 +144,9 @@ const (
 	ScopeBillingRead    = "billing:read"
 	ScopeWorker         = "worker"
 	ScopeEventsWrite    = "events:write"
+	// ScopeSecretsManage creates, updates, deletes and lists secrets
+	// (never their values).
+	ScopeSecretsManage = "secrets:manage"
 	// ScopeAdmin grants every action.
 	ScopeAdmin = "admin"
 )
@@ -151,7 +154,7 @@ const (
 // AllScopes returns every scope, in a stable order.
 func AllScopes() []string {
 	return []string{ScopeRunsRead, ScopeRunsWrite, ScopeWorkflowsRead, ScopeWorkflowsWrite, ScopeKeysManage,
-		ScopeMembersManage, ScopeWebhooksManage, ScopeBillingRead, ScopeWorker, ScopeEventsWrite, ScopeAdmin}
+		ScopeMembersManage, ScopeWebhooksManage, ScopeBillingRead, ScopeWorker, ScopeEventsWrite, ScopeSecretsManage, ScopeAdmin}
 }
 
 // normalizeScopes rejects unknown scopes and returns the rest sorted and

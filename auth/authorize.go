@@ -42,6 +42,9 @@ const (
 	// ActionEventsWrite publishes events (which start the workflows they
 	// trigger); reading events is runs:read.
 	ActionEventsWrite Action = "events:write"
+	// ActionSecretsManage sets, deletes and lists secrets; no action reads
+	// a value back.
+	ActionSecretsManage Action = "secrets:manage"
 )
 
 // actionScope is the API key scope that grants each action (ScopeAdmin
@@ -57,12 +60,13 @@ var actionScope = map[Action]string{
 	ActionBillingRead:    ScopeBillingRead,
 	ActionWorkerTasks:    ScopeWorker,
 	ActionEventsWrite:    ScopeEventsWrite,
+	ActionSecretsManage:  ScopeSecretsManage,
 }
 
 // AllActions returns every action, in a stable order.
 func AllActions() []Action {
 	return []Action{ActionRunsRead, ActionRunsWrite, ActionWorkflowsRead, ActionWorkflowsWrite, ActionKeysManage,
-		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite}
+		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite, ActionSecretsManage}
 }
 
 // Authorizer answers whether a principal may perform an action. Users are

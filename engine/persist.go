@@ -160,9 +160,12 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			if !a.State.Active() {
 				finishedAt = &p.now
 			}
-			var config []byte
-			if cfg := p.def.configOf(a.NodeID); cfg != nil {
-				config = taskConfig(cfg, p.def.wf.Node(a.NodeID), a.Priority, a.RateKey)
+			config := p.def.configOf(a.NodeID)
+			if a.Request != nil {
+				config = nodeConfig(p.def.stepOf(a.NodeID), a.Request)
+			}
+			if config != nil {
+				config = taskConfig(config, p.def.wf.Node(a.NodeID), a.Priority, a.RateKey)
 			}
 			if a.NodeID == p.eagerNode {
 				// Created already leased to the reporting worker: the

@@ -147,6 +147,20 @@ func (c *compiled) configOf(node string) []byte {
 	return nil
 }
 
+// stepOf is the node a task of node runs: the node, or a map element's
+// step.
+func (c *compiled) stepOf(node string) *dag.Node {
+	if n := c.wf.Node(node); n != nil {
+		return n
+	}
+	if base, _, ok := dag.ParseItemID(node); ok {
+		if n := c.wf.Node(base); n != nil && n.Map != nil {
+			return n.Map.Step
+		}
+	}
+	return nil
+}
+
 // defCache holds compiled definitions. Versions are immutable, so an entry
 // never goes stale; the cache is only bounded.
 type defCache struct {
@@ -187,11 +201,12 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	}
 	c = &compiled{wf: wf, config: map[string]json.RawMessage{}}
 	for _, n := range wf.Nodes {
-		if n.Type.RunsOnWorker() {
-			c.config[n.ID] = nodeConfig(n)
+		// A templated request is rendered for each task (CreateTask.Request).
+		if n.Type.RunsOnWorker() && !n.Templated() {
+			c.config[n.ID] = nodeConfig(n, nil)
 		}
-		if n.Map != nil && n.Map.Step.Type.RunsOnWorker() {
-			c.config[n.ID] = nodeConfig(n.Map.Step) // (its elements')
+		if n.Map != nil && n.Map.Step.Type.RunsOnWorker() && !n.Map.Step.Templated() {
+			c.config[n.ID] = nodeConfig(n.Map.Step, nil) // (its elements')
 		}
 	}
 	d.mu.Lock()
@@ -206,10 +221,19 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	return c, nil
 }
 
-func nodeConfig(n *dag.Node) json.RawMessage {
+// nodeConfig is what a worker needs to run a task of n: its request as
+// rendered by the state machine for the task (req), or, for a node whose
+// request is not templated, the definition's.
+func nodeConfig(n *dag.Node, req *dag.Request) json.RawMessage {
 	cfg := taskapi.TaskConfig{TimeoutMS: n.Timeout.Std().Milliseconds()}
 	if h := n.HTTP; h != nil {
-		cfg.HTTP = &taskapi.HTTPSpec{Method: h.Method, URL: h.URL, Headers: h.Headers, Body: h.Body, TimeoutMS: h.Timeout.Std().Milliseconds()}
+		if req == nil {
+			var err error
+			if req, err = n.EvalRequest(dag.Scope{}); err != nil {
+				panic(fmt.Sprintf("engine: a request without templates failed to render: %v", err)) // literal text only
+			}
+		}
+		cfg.HTTP = httpSpec(h, req)
 	}
 	if t := n.Task; t != nil {
 		cfg.Task = &taskapi.TaskSpec{Handler: t.Handler}
@@ -221,12 +245,50 @@ func nodeConfig(n *dag.Node) json.RawMessage {
 	return b
 }
 
+// httpSpec is the worker's form of an http node's rendered request.
+func httpSpec(h *dag.HTTPSpec, r *dag.Request) *taskapi.HTTPSpec {
+	spec := &taskapi.HTTPSpec{Method: h.Method, Body: h.Body, TimeoutMS: h.Timeout.Std().Milliseconds(), Secrets: r.Secrets}
+	if r.URL.Parts != nil {
+		spec.URLParts = parts(r.URL.Parts)
+	} else {
+		spec.URL = r.URL.Text
+	}
+	for _, q := range r.Query {
+		spec.Query = append(spec.Query, taskapi.Param{Name: q.Name, Value: q.Value.Text, Parts: parts(q.Value.Parts)})
+	}
+	for k, v := range r.Headers {
+		if v.Parts != nil {
+			if spec.SecretHeaders == nil {
+				spec.SecretHeaders = map[string][]taskapi.Part{}
+			}
+			spec.SecretHeaders[k] = parts(v.Parts)
+			continue
+		}
+		if spec.Headers == nil {
+			spec.Headers = map[string]string{}
+		}
+		spec.Headers[k] = v.Text
+	}
+	return spec
+}
+
+func parts(ps []dag.Part) []taskapi.Part {
+	if ps == nil {
+		return nil
+	}
+	out := make([]taskapi.Part, len(ps))
+	for i, p := range ps {
+		out[i] = taskapi.Part{Text: p.Text, Secret: p.Secret, Escape: p.Escape}
+	}
+	return out
+}
+
 // MaskedValue replaces what MaskHeaders hides.
 const MaskedValue = "********"
 
 // MaskHeaders returns a stored definition with every HTTP step header
-// value replaced by MaskedValue (the names stay), for readers who may not
-// change the workflow. A definition that does not decode is returned
+// and query parameter value replaced by MaskedValue (the names stay), for
+// readers who may not change the workflow. A definition that does not decode is returned
 // masked whole.
 func MaskHeaders(def json.RawMessage) json.RawMessage {
 	var d map[string]any
@@ -237,9 +299,11 @@ func MaskHeaders(def json.RawMessage) json.RawMessage {
 	for _, n := range nodes {
 		node, _ := n.(map[string]any)
 		h, _ := node["http"].(map[string]any)
-		headers, _ := h["headers"].(map[string]any)
-		for k := range headers {
-			headers[k] = MaskedValue
+		for _, field := range []string{"headers", "query"} {
+			values, _ := h[field].(map[string]any)
+			for k := range values {
+				values[k] = MaskedValue
+			}
 		}
 	}
 	out, err := json.Marshal(d)

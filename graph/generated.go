@@ -21,6 +21,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/schedules"
+	"github.com/composer-dev/composer/secrets"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/google/uuid"
@@ -45,6 +46,7 @@ type ResolverRoot interface {
 	Query() QueryResolver
 	Run() RunResolver
 	Schedule() ScheduleResolver
+	SecretAuditEntry() SecretAuditEntryResolver
 	Subscription() SubscriptionResolver
 	Task() TaskResolver
 	Tenant() TenantResolver
@@ -199,10 +201,12 @@ type ComplexityRoot struct {
 		CreateBulkOperation    func(childComplexity int, input model.CreateBulkOperationInput) int
 		CreateRateLimit        func(childComplexity int, input model.RateLimitInput) int
 		CreateSchedule         func(childComplexity int, input model.CreateScheduleInput) int
+		CreateSecret           func(childComplexity int, name string, value string) int
 		CreateWebhookEndpoint  func(childComplexity int, input model.CreateWebhookEndpointInput) int
 		CreateWorkflow         func(childComplexity int, input model.CreateWorkflowInput) int
 		DeleteRateLimit        func(childComplexity int, name string) int
 		DeleteSchedule         func(childComplexity int, id uuid.UUID) int
+		DeleteSecret           func(childComplexity int, name string) int
 		DeleteWebhookEndpoint  func(childComplexity int, id uuid.UUID) int
 		DisableWebhookEndpoint func(childComplexity int, id uuid.UUID) int
 		PauseQueue             func(childComplexity int, queue string, reason *string) int
@@ -223,6 +227,7 @@ type ComplexityRoot struct {
 		StartRun               func(childComplexity int, input model.StartRunInput) int
 		UpdateRateLimit        func(childComplexity int, input model.RateLimitInput) int
 		UpdateSchedule         func(childComplexity int, id uuid.UUID, input model.UpdateScheduleInput) int
+		UpdateSecret           func(childComplexity int, name string, value string) int
 		UpdateWebhookEndpoint  func(childComplexity int, id uuid.UUID, input model.UpdateWebhookEndpointInput) int
 	}
 
@@ -252,6 +257,9 @@ type ComplexityRoot struct {
 		Runs              func(childComplexity int, first *int, after *string, filter *model.RunFilter) int
 		Schedule          func(childComplexity int, id uuid.UUID) int
 		Schedules         func(childComplexity int, workflowID *uuid.UUID, first *int, after *string) int
+		Secret            func(childComplexity int, name string) int
+		SecretAudit       func(childComplexity int, name *string, first *int, after *uuid.UUID) int
+		Secrets           func(childComplexity int) int
 		Tenant            func(childComplexity int) int
 		Viewer            func(childComplexity int) int
 		WebhookDeliveries func(childComplexity int, endpointID *uuid.UUID, runID *uuid.UUID, state *model.WebhookDeliveryState, first *int, after *string) int
@@ -385,6 +393,30 @@ type ComplexityRoot struct {
 		Outcome      func(childComplexity int) int
 		RecordedAt   func(childComplexity int) int
 		RunID        func(childComplexity int) int
+	}
+
+	Secret struct {
+		CreatedAt func(childComplexity int) int
+		CreatedBy func(childComplexity int) int
+		Name      func(childComplexity int) int
+		UpdatedAt func(childComplexity int) int
+		Version   func(childComplexity int) int
+		Versions  func(childComplexity int) int
+	}
+
+	SecretAuditEntry struct {
+		Action     func(childComplexity int) int
+		At         func(childComplexity int) int
+		ID         func(childComplexity int) int
+		Principal  func(childComplexity int) int
+		SecretName func(childComplexity int) int
+		Version    func(childComplexity int) int
+	}
+
+	SecretVersion struct {
+		CreatedAt func(childComplexity int) int
+		CreatedBy func(childComplexity int) int
+		Version   func(childComplexity int) int
 	}
 
 	SignalPayload struct {
@@ -615,6 +647,9 @@ type MutationResolver interface {
 	ResumeSchedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
 	DeleteSchedule(ctx context.Context, id uuid.UUID) (uuid.UUID, error)
 	BackfillSchedule(ctx context.Context, id uuid.UUID, from time.Time, to time.Time) ([]schedules.Fire, error)
+	CreateSecret(ctx context.Context, name string, value string) (*secrets.Secret, error)
+	UpdateSecret(ctx context.Context, name string, value string) (*secrets.Secret, error)
+	DeleteSecret(ctx context.Context, name string) (string, error)
 	CreateWebhookEndpoint(ctx context.Context, input model.CreateWebhookEndpointInput) (*model.WebhookEndpointSecret, error)
 	UpdateWebhookEndpoint(ctx context.Context, id uuid.UUID, input model.UpdateWebhookEndpointInput) (*webhooks.Endpoint, error)
 	RotateWebhookSecret(ctx context.Context, id uuid.UUID, graceSeconds *int) (*model.WebhookEndpointSecret, error)
@@ -644,6 +679,9 @@ type QueryResolver interface {
 	RateLimit(ctx context.Context, name string) (*tenants.RateLimit, error)
 	Schedules(ctx context.Context, workflowID *uuid.UUID, first *int, after *string) (*model.ScheduleConnection, error)
 	Schedule(ctx context.Context, id uuid.UUID) (*schedules.Schedule, error)
+	Secrets(ctx context.Context) ([]secrets.Secret, error)
+	Secret(ctx context.Context, name string) (*secrets.Secret, error)
+	SecretAudit(ctx context.Context, name *string, first *int, after *uuid.UUID) ([]secrets.AuditEntry, error)
 	WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoint, error)
 	WebhookEndpoint(ctx context.Context, id uuid.UUID) (*webhooks.Endpoint, error)
 	WebhookDeliveries(ctx context.Context, endpointID *uuid.UUID, runID *uuid.UUID, state *model.WebhookDeliveryState, first *int, after *string) (*model.WebhookDeliveryConnection, error)
@@ -661,6 +699,9 @@ type RunResolver interface {
 }
 type ScheduleResolver interface {
 	RecentFires(ctx context.Context, obj *schedules.Schedule, first *int) ([]schedules.Fire, error)
+}
+type SecretAuditEntryResolver interface {
+	Action(ctx context.Context, obj *secrets.AuditEntry) (model.SecretAuditAction, error)
 }
 type SubscriptionResolver interface {
 	RunUpdated(ctx context.Context, id uuid.UUID) (<-chan *engine.RunView, error)
@@ -1336,6 +1377,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.CreateSchedule(childComplexity, args["input"].(model.CreateScheduleInput)), true
+	case "Mutation.createSecret":
+		if e.ComplexityRoot.Mutation.CreateSecret == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_createSecret_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.CreateSecret(childComplexity, args["name"].(string), args["value"].(string)), true
 	case "Mutation.createWebhookEndpoint":
 		if e.ComplexityRoot.Mutation.CreateWebhookEndpoint == nil {
 			break
@@ -1380,6 +1432,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.DeleteSchedule(childComplexity, args["id"].(uuid.UUID)), true
+	case "Mutation.deleteSecret":
+		if e.ComplexityRoot.Mutation.DeleteSecret == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteSecret_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteSecret(childComplexity, args["name"].(string)), true
 	case "Mutation.deleteWebhookEndpoint":
 		if e.ComplexityRoot.Mutation.DeleteWebhookEndpoint == nil {
 			break
@@ -1600,6 +1663,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.UpdateSchedule(childComplexity, args["id"].(uuid.UUID), args["input"].(model.UpdateScheduleInput)), true
+	case "Mutation.updateSecret":
+		if e.ComplexityRoot.Mutation.UpdateSecret == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_updateSecret_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.UpdateSecret(childComplexity, args["name"].(string), args["value"].(string)), true
 	case "Mutation.updateWebhookEndpoint":
 		if e.ComplexityRoot.Mutation.UpdateWebhookEndpoint == nil {
 			break
@@ -1789,6 +1863,34 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Schedules(childComplexity, args["workflowId"].(*uuid.UUID), args["first"].(*int), args["after"].(*string)), true
+	case "Query.secret":
+		if e.ComplexityRoot.Query.Secret == nil {
+			break
+		}
+
+		args, err := ec.field_Query_secret_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Secret(childComplexity, args["name"].(string)), true
+	case "Query.secretAudit":
+		if e.ComplexityRoot.Query.SecretAudit == nil {
+			break
+		}
+
+		args, err := ec.field_Query_secretAudit_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.SecretAudit(childComplexity, args["name"].(*string), args["first"].(*int), args["after"].(*uuid.UUID)), true
+	case "Query.secrets":
+		if e.ComplexityRoot.Query.Secrets == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Query.Secrets(childComplexity), true
 	case "Query.tenant":
 		if e.ComplexityRoot.Query.Tenant == nil {
 			break
@@ -2406,6 +2508,99 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ScheduleFire.RunID(childComplexity), true
+
+	case "Secret.createdAt":
+		if e.ComplexityRoot.Secret.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Secret.CreatedAt(childComplexity), true
+	case "Secret.createdBy":
+		if e.ComplexityRoot.Secret.CreatedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Secret.CreatedBy(childComplexity), true
+	case "Secret.name":
+		if e.ComplexityRoot.Secret.Name == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Secret.Name(childComplexity), true
+	case "Secret.updatedAt":
+		if e.ComplexityRoot.Secret.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Secret.UpdatedAt(childComplexity), true
+	case "Secret.version":
+		if e.ComplexityRoot.Secret.Version == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Secret.Version(childComplexity), true
+	case "Secret.versions":
+		if e.ComplexityRoot.Secret.Versions == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Secret.Versions(childComplexity), true
+
+	case "SecretAuditEntry.action":
+		if e.ComplexityRoot.SecretAuditEntry.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretAuditEntry.Action(childComplexity), true
+	case "SecretAuditEntry.at":
+		if e.ComplexityRoot.SecretAuditEntry.At == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretAuditEntry.At(childComplexity), true
+	case "SecretAuditEntry.id":
+		if e.ComplexityRoot.SecretAuditEntry.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretAuditEntry.ID(childComplexity), true
+	case "SecretAuditEntry.principal":
+		if e.ComplexityRoot.SecretAuditEntry.Principal == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretAuditEntry.Principal(childComplexity), true
+	case "SecretAuditEntry.secretName":
+		if e.ComplexityRoot.SecretAuditEntry.SecretName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretAuditEntry.SecretName(childComplexity), true
+	case "SecretAuditEntry.version":
+		if e.ComplexityRoot.SecretAuditEntry.Version == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretAuditEntry.Version(childComplexity), true
+
+	case "SecretVersion.createdAt":
+		if e.ComplexityRoot.SecretVersion.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretVersion.CreatedAt(childComplexity), true
+	case "SecretVersion.createdBy":
+		if e.ComplexityRoot.SecretVersion.CreatedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretVersion.CreatedBy(childComplexity), true
+	case "SecretVersion.version":
+		if e.ComplexityRoot.SecretVersion.Version == nil {
+			break
+		}
+
+		return e.ComplexityRoot.SecretVersion.Version(childComplexity), true
 
 	case "SignalPayload.ignored":
 		if e.ComplexityRoot.SignalPayload.Ignored == nil {
@@ -3284,7 +3479,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "webhooks.graphqls"
+//go:embed "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -3303,6 +3498,7 @@ var sources = []*ast.Source{
 	{Name: "flow.graphqls", Input: sourceData("flow.graphqls"), BuiltIn: false},
 	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
+	{Name: "secrets.graphqls", Input: sourceData("secrets.graphqls"), BuiltIn: false},
 	{Name: "webhooks.graphqls", Input: sourceData("webhooks.graphqls"), BuiltIn: false},
 }
 var parsedSchema = gqlparser.MustLoadSchema(sources...)
@@ -3831,6 +4027,54 @@ func (ec *executionContext) childFields_ScheduleFire(ctx context.Context, field 
 		return ec.fieldContext_ScheduleFire_recordedAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ScheduleFire", field.Name)
+}
+
+func (ec *executionContext) childFields_Secret(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "name":
+		return ec.fieldContext_Secret_name(ctx, field)
+	case "version":
+		return ec.fieldContext_Secret_version(ctx, field)
+	case "versions":
+		return ec.fieldContext_Secret_versions(ctx, field)
+	case "createdBy":
+		return ec.fieldContext_Secret_createdBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_Secret_createdAt(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_Secret_updatedAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Secret", field.Name)
+}
+
+func (ec *executionContext) childFields_SecretAuditEntry(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_SecretAuditEntry_id(ctx, field)
+	case "at":
+		return ec.fieldContext_SecretAuditEntry_at(ctx, field)
+	case "principal":
+		return ec.fieldContext_SecretAuditEntry_principal(ctx, field)
+	case "action":
+		return ec.fieldContext_SecretAuditEntry_action(ctx, field)
+	case "secretName":
+		return ec.fieldContext_SecretAuditEntry_secretName(ctx, field)
+	case "version":
+		return ec.fieldContext_SecretAuditEntry_version(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SecretAuditEntry", field.Name)
+}
+
+func (ec *executionContext) childFields_SecretVersion(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "version":
+		return ec.fieldContext_SecretVersion_version(ctx, field)
+	case "createdBy":
+		return ec.fieldContext_SecretVersion_createdBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_SecretVersion_createdAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type SecretVersion", field.Name)
 }
 
 func (ec *executionContext) childFields_SignalPayload(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4517,6 +4761,28 @@ func (ec *executionContext) field_Mutation_createSchedule_args(ctx context.Conte
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_createSecret_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNSecretName2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "value",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["value"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_createWebhookEndpoint_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4570,6 +4836,20 @@ func (ec *executionContext) field_Mutation_deleteSchedule_args(ctx context.Conte
 		return nil, err
 	}
 	args["id"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_deleteSecret_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNSecretName2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
 	return args, nil
 }
 
@@ -4925,6 +5205,28 @@ func (ec *executionContext) field_Mutation_updateSchedule_args(ctx context.Conte
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_updateSecret_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNSecretName2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "value",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["value"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_updateWebhookEndpoint_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -5198,6 +5500,50 @@ func (ec *executionContext) field_Query_schedules_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["after"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_secretAudit_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOSecretName2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*uuid.UUID, error) {
+			return ec.unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_secret_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "name",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNSecretName2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["name"] = arg0
 	return args, nil
 }
 
@@ -8722,6 +9068,138 @@ func (ec *executionContext) fieldContext_Mutation_backfillSchedule(ctx context.C
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_createSecret(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_createSecret(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().CreateSecret(ctx, fc.Args["name"].(string), fc.Args["value"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *secrets.Secret) graphql.Marshaler {
+			return ec.marshalNSecret2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecret(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_createSecret(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Secret(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_createSecret_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_updateSecret(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_updateSecret(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().UpdateSecret(ctx, fc.Args["name"].(string), fc.Args["value"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *secrets.Secret) graphql.Marshaler {
+			return ec.marshalNSecret2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecret(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_updateSecret(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Secret(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_updateSecret_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteSecret(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteSecret(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteSecret(ctx, fc.Args["name"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNSecretName2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteSecret(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return nil, errors.New("field of type SecretName does not have child fields")
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteSecret_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Mutation_createWebhookEndpoint(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -9933,6 +10411,126 @@ func (ec *executionContext) fieldContext_Query_schedule(ctx context.Context, fie
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_schedule_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_secrets(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_secrets(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Query().Secrets(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []secrets.Secret) graphql.Marshaler {
+			return ec.marshalNSecret2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecretᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_secrets(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Secret(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_secret(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_secret(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Secret(ctx, fc.Args["name"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *secrets.Secret) graphql.Marshaler {
+			return ec.marshalNSecret2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecret(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_secret(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Secret(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_secret_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_secretAudit(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_secretAudit(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().SecretAudit(ctx, fc.Args["name"].(*string), fc.Args["first"].(*int), fc.Args["after"].(*uuid.UUID))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []secrets.AuditEntry) graphql.Marshaler {
+			return ec.marshalNSecretAuditEntry2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐAuditEntryᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_secretAudit(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_SecretAuditEntry(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_secretAudit_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -12294,6 +12892,360 @@ func (ec *executionContext) _ScheduleFire_recordedAt(ctx context.Context, field 
 }
 func (ec *executionContext) fieldContext_ScheduleFire_recordedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ScheduleFire", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Secret_name(ctx context.Context, field graphql.CollectedField, obj *secrets.Secret) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Secret_name(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Name, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNSecretName2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Secret_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Secret", field, false, false, "SecretName")
+}
+
+func (ec *executionContext) _Secret_version(ctx context.Context, field graphql.CollectedField, obj *secrets.Secret) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Secret_version(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Version, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Secret_version(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Secret", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Secret_versions(ctx context.Context, field graphql.CollectedField, obj *secrets.Secret) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Secret_versions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Versions, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []secrets.Version) graphql.Marshaler {
+			return ec.marshalNSecretVersion2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐVersionᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Secret_versions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Secret",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_SecretVersion(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Secret_createdBy(ctx context.Context, field graphql.CollectedField, obj *secrets.Secret) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Secret_createdBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Secret_createdBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Secret", field, false, false, "String")
+}
+
+func (ec *executionContext) _Secret_createdAt(ctx context.Context, field graphql.CollectedField, obj *secrets.Secret) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Secret_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Secret_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Secret", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Secret_updatedAt(ctx context.Context, field graphql.CollectedField, obj *secrets.Secret) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Secret_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Secret_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Secret", field, false, false, "Time")
+}
+
+func (ec *executionContext) _SecretAuditEntry_id(ctx context.Context, field graphql.CollectedField, obj *secrets.AuditEntry) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretAuditEntry_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v uuid.UUID) graphql.Marshaler {
+			return ec.marshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretAuditEntry_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretAuditEntry", field, false, false, "ID")
+}
+
+func (ec *executionContext) _SecretAuditEntry_at(ctx context.Context, field graphql.CollectedField, obj *secrets.AuditEntry) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretAuditEntry_at(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.At, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretAuditEntry_at(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretAuditEntry", field, false, false, "Time")
+}
+
+func (ec *executionContext) _SecretAuditEntry_principal(ctx context.Context, field graphql.CollectedField, obj *secrets.AuditEntry) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretAuditEntry_principal(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Principal, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretAuditEntry_principal(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretAuditEntry", field, false, false, "String")
+}
+
+func (ec *executionContext) _SecretAuditEntry_action(ctx context.Context, field graphql.CollectedField, obj *secrets.AuditEntry) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretAuditEntry_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.SecretAuditEntry().Action(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.SecretAuditAction) graphql.Marshaler {
+			return ec.marshalNSecretAuditAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐSecretAuditAction(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretAuditEntry_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretAuditEntry", field, true, true, "SecretAuditAction")
+}
+
+func (ec *executionContext) _SecretAuditEntry_secretName(ctx context.Context, field graphql.CollectedField, obj *secrets.AuditEntry) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretAuditEntry_secretName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SecretName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNSecretName2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretAuditEntry_secretName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretAuditEntry", field, false, false, "SecretName")
+}
+
+func (ec *executionContext) _SecretAuditEntry_version(ctx context.Context, field graphql.CollectedField, obj *secrets.AuditEntry) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretAuditEntry_version(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Version, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretAuditEntry_version(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretAuditEntry", field, false, false, "Int")
+}
+
+func (ec *executionContext) _SecretVersion_version(ctx context.Context, field graphql.CollectedField, obj *secrets.Version) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretVersion_version(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Version, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretVersion_version(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretVersion", field, false, false, "Int")
+}
+
+func (ec *executionContext) _SecretVersion_createdBy(ctx context.Context, field graphql.CollectedField, obj *secrets.Version) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretVersion_createdBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretVersion_createdBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretVersion", field, false, false, "String")
+}
+
+func (ec *executionContext) _SecretVersion_createdAt(ctx context.Context, field graphql.CollectedField, obj *secrets.Version) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_SecretVersion_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_SecretVersion_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("SecretVersion", field, false, false, "Time")
 }
 
 func (ec *executionContext) _SignalPayload_run(ctx context.Context, field graphql.CollectedField, obj *model.SignalPayload) (ret graphql.Marshaler) {
@@ -18239,6 +19191,27 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "createSecret":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_createSecret(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updateSecret":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_updateSecret(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteSecret":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteSecret(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "createWebhookEndpoint":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
 				return ec._Mutation_createWebhookEndpoint(ctx, field)
@@ -18519,6 +19492,24 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, false,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_schedule(ctx, field)
+				})
+		case "secrets":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_secrets(ctx, field)
+				})
+		case "secret":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_secret(ctx, field)
+				})
+		case "secretAudit":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_secretAudit(ctx, field)
 				})
 		case "webhookEndpoints":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -19350,6 +20341,166 @@ func (ec *executionContext) _ScheduleFire(ctx context.Context, sel ast.Selection
 			}
 		case "recordedAt":
 			out.Values[i] = ec._ScheduleFire_recordedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var secretImplementors = []string{"Secret"}
+
+func (ec *executionContext) _Secret(ctx context.Context, sel ast.SelectionSet, obj *secrets.Secret) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, secretImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Secret")
+		case "name":
+			out.Values[i] = ec._Secret_name(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "version":
+			out.Values[i] = ec._Secret_version(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "versions":
+			out.Values[i] = ec._Secret_versions(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdBy":
+			out.Values[i] = ec._Secret_createdBy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._Secret_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updatedAt":
+			out.Values[i] = ec._Secret_updatedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var secretAuditEntryImplementors = []string{"SecretAuditEntry"}
+
+func (ec *executionContext) _SecretAuditEntry(ctx context.Context, sel ast.SelectionSet, obj *secrets.AuditEntry) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, secretAuditEntryImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SecretAuditEntry")
+		case "id":
+			out.Values[i] = ec._SecretAuditEntry_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "at":
+			out.Values[i] = ec._SecretAuditEntry_at(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "principal":
+			out.Values[i] = ec._SecretAuditEntry_principal(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "action":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._SecretAuditEntry_action(ctx, field, obj)
+				})
+		case "secretName":
+			out.Values[i] = ec._SecretAuditEntry_secretName(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "version":
+			out.Values[i] = ec._SecretAuditEntry_version(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var secretVersionImplementors = []string{"SecretVersion"}
+
+func (ec *executionContext) _SecretVersion(ctx context.Context, sel ast.SelectionSet, obj *secrets.Version) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, secretVersionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("SecretVersion")
+		case "version":
+			out.Values[i] = ec._SecretVersion_version(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdBy":
+			out.Values[i] = ec._SecretVersion_createdBy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._SecretVersion_createdAt(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -21610,6 +22761,98 @@ func (ec *executionContext) marshalNScheduleOverlapPolicy2githubᚗcomᚋcompose
 	return v
 }
 
+func (ec *executionContext) marshalNSecret2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecret(ctx context.Context, sel ast.SelectionSet, v secrets.Secret) graphql.Marshaler {
+	return ec._Secret(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNSecret2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecretᚄ(ctx context.Context, sel ast.SelectionSet, v []secrets.Secret) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSecret2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecret(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNSecret2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐSecret(ctx context.Context, sel ast.SelectionSet, v *secrets.Secret) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Secret!")
+		return graphql.Null
+	}
+	return ec._Secret(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNSecretAuditAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐSecretAuditAction(ctx context.Context, v any) (model.SecretAuditAction, error) {
+	var res model.SecretAuditAction
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNSecretAuditAction2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐSecretAuditAction(ctx context.Context, sel ast.SelectionSet, v model.SecretAuditAction) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) marshalNSecretAuditEntry2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐAuditEntry(ctx context.Context, sel ast.SelectionSet, v secrets.AuditEntry) graphql.Marshaler {
+	return ec._SecretAuditEntry(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNSecretAuditEntry2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐAuditEntryᚄ(ctx context.Context, sel ast.SelectionSet, v []secrets.AuditEntry) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSecretAuditEntry2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐAuditEntry(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) unmarshalNSecretName2string(ctx context.Context, v any) (string, error) {
+	res, err := graphql.UnmarshalString(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNSecretName2string(ctx context.Context, sel ast.SelectionSet, v string) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalString(v)
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "SecretName!")
+	}
+	return res
+}
+
+func (ec *executionContext) marshalNSecretVersion2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐVersion(ctx context.Context, sel ast.SelectionSet, v secrets.Version) graphql.Marshaler {
+	return ec._SecretVersion(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNSecretVersion2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐVersionᚄ(ctx context.Context, sel ast.SelectionSet, v []secrets.Version) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNSecretVersion2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋsecretsᚐVersion(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNSignalPayload2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐSignalPayload(ctx context.Context, sel ast.SelectionSet, v *model.SignalPayload) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "SignalPayload!")
@@ -22398,6 +23641,24 @@ func (ec *executionContext) marshalOScheduleOverlapPolicy2ᚖgithubᚗcomᚋcomp
 		return graphql.Null
 	}
 	return v
+}
+
+func (ec *executionContext) unmarshalOSecretName2ᚖstring(ctx context.Context, v any) (*string, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalString(v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOSecretName2ᚖstring(ctx context.Context, sel ast.SelectionSet, v *string) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalString(*v)
+	return res
 }
 
 func (ec *executionContext) unmarshalOString2string(ctx context.Context, v any) (string, error) {

@@ -44,6 +44,7 @@ type tenantWorld struct {
 	endpoint, delivery       string // a webhook endpoint and its test ping
 	schedule                 string // a (yearly) schedule of the workflow
 	event                    string // an event (Composer's id) that started nothing
+	secret, audit            string // a secret's name (unique to the tenant) and its audit entry
 	bulk                     string // a running bulk cancel whose filter matches nothing
 }
 
@@ -91,6 +92,12 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 	}
 	sys.GraphQL(w.owner, `mutation { publishEvent(input: {name: "nothing.listens", id: "e1"}) { event { id } } }`, nil).Decode(t, &ev)
 	w.event = ev.PublishEvent.Event.ID
+	w.secret = "ONLY_" + strings.ReplaceAll(tenant.String(), "-", "_")
+	var sec struct{ SecretAudit []struct{ ID string } }
+	sys.GraphQL(w.owner, `mutation($n: SecretName!) { createSecret(name: $n, value: "tenant-secret-value") { name } }`,
+		map[string]any{"n": w.secret}).Decode(t, &struct{}{})
+	sys.GraphQL(w.owner, `{ secretAudit { id } }`, nil).Decode(t, &sec)
+	w.audit = sec.SecretAudit[0].ID
 	var op struct {
 		CreateBulkOperation struct{ Operation struct{ ID string } }
 	}
@@ -118,9 +125,13 @@ type idCase struct {
 	// listEmpty: the id filters a list, which must come back empty rather
 	// than failing.
 	listEmpty string
+	// own: the name is per tenant, so B's request acts on B's own object of
+	// that name (it must succeed and leave A's alone; it is deleted again).
+	own bool
 }
 
-// idCases covers every argument and input field of type ID in the schema;
+// idCases covers every argument and input field of type ID (or SecretName,
+// which names a tenant's secret) in the schema;
 // TestEveryIDFieldIsCovered fails when one is added without a case here.
 var idCases = map[string]idCase{
 	"Query.workflow.id": {query: `query($id: ID!) { workflow(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
@@ -169,6 +180,13 @@ var idCases = map[string]idCase{
 	"Mutation.deleteSchedule.id": {query: `mutation($id: ID!) { deleteSchedule(id: $id) }`, vars: scheduleOf},
 	"Mutation.backfillSchedule.id": {query: `mutation($id: ID!) { backfillSchedule(id: $id, from: "2020-01-01T00:00:00Z", to: "2021-01-01T00:00:00Z") { runId } }`,
 		vars: scheduleOf},
+	"Query.secret.name":          {query: `query($n: SecretName!) { secret(name: $n) { name } }`, vars: secretOf},
+	"Mutation.updateSecret.name": {query: `mutation($n: SecretName!) { updateSecret(name: $n, value: "b-overwrites") { version } }`, vars: secretOf},
+	"Mutation.deleteSecret.name": {query: `mutation($n: SecretName!) { deleteSecret(name: $n) }`, vars: secretOf},
+	"Mutation.createSecret.name": {query: `mutation($n: SecretName!) { createSecret(name: $n, value: "b-value") { name } }`, vars: secretOf, own: true},
+	"Query.secretAudit.name":     {query: `query($n: SecretName) { secretAudit(name: $n) { id } }`, vars: secretOf, listEmpty: "secretAudit"},
+	"Query.secretAudit.after": {query: `query($id: ID) { secretAudit(after: $id) { id } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.audit} }, listEmpty: "secretAudit"},
 	"Query.event.id":                       {query: `query($id: ID!) { event(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.event} }},
 	"Query.bulkOperation.id":               {query: `query($id: ID!) { bulkOperation(id: $id) { id } }`, vars: bulkOf},
 	"Query.bulkOperations.after":           {query: `query($id: ID!) { bulkOperations(after: $id) { id } }`, vars: bulkOf, listEmpty: "bulkOperations"},
@@ -184,7 +202,8 @@ var idCases = map[string]idCase{
 
 func scheduleOf(a tenantWorld) map[string]any { return map[string]any{"id": a.schedule} }
 
-func bulkOf(a tenantWorld) map[string]any { return map[string]any{"id": a.bulk} }
+func secretOf(a tenantWorld) map[string]any { return map[string]any{"n": a.secret} }
+func bulkOf(a tenantWorld) map[string]any   { return map[string]any{"id": a.bulk} }
 
 func endpointOf(a tenantWorld) map[string]any { return map[string]any{"id": a.endpoint} }
 func deliveryOf(a tenantWorld) map[string]any { return map[string]any{"id": a.delivery} }
@@ -212,7 +231,7 @@ func schemaIDFields(t *testing.T) []string {
 		for ty.Elem != nil {
 			ty = ty.Elem
 		}
-		return ty.NamedType == "ID"
+		return ty.NamedType == "ID" || ty.NamedType == "SecretName"
 	}
 	var out []string
 	for name, def := range schema.Types {
@@ -263,6 +282,13 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 		if c.listEmpty != "" {
 			require.Empty(t, res.Errors, name)
 			assert.NotContains(t, string(res.Data), a.run, "%s: a list showed tenant A's run", name)
+			assert.NotContains(t, string(res.Data), a.audit, "%s: a list showed tenant A's secret audit", name)
+			continue
+		}
+		if c.own {
+			require.Empty(t, res.Errors, name)
+			// Gone again, so the other cases find no secret of that name in B.
+			require.Empty(t, sys.GraphQL(b.owner, `mutation($n: SecretName!) { deleteSecret(name: $n) }`, c.vars(a)).Errors)
 			continue
 		}
 		require.NotEmpty(t, res.Errors, "%s returned data for another tenant's object: %s", name, res.Data)
@@ -302,6 +328,17 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	assert.Equal(t, "0 0 1 1 *", sch.Schedule.Cron, "B changed, paused, backfilled or deleted A's schedule")
 	assert.False(t, sch.Schedule.Paused)
 	assert.Zero(t, sch.Schedule.StartedCount)
+	var sec struct {
+		Secret struct {
+			Version   int
+			CreatedBy string
+		}
+		SecretAudit []struct{ Action string }
+	}
+	sys.GraphQL(a.owner, `query($n: SecretName!) { secret(name: $n) { version createdBy } secretAudit { action } }`,
+		secretOf(a)).Decode(t, &sec)
+	assert.Equal(t, 1, sec.Secret.Version, "B updated A's secret")
+	assert.Len(t, sec.SecretAudit, 1, "B's changes reached A's audit")
 	var wf struct{ Workflow struct{ PausedAt *string } }
 	sys.GraphQL(a.owner, `query($id: ID!) { workflow(id: $id) { pausedAt } }`, map[string]any{"id": a.workflow}).Decode(t, &wf)
 	assert.Nil(t, wf.Workflow.PausedAt, "B paused A's workflow")
@@ -311,9 +348,10 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	// B's lists contain nothing of A's.
 	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
 		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } workers { id } schedules { edges { node { id } } }
-		bulkOperations { id } pausedQueues { queue } }`, nil)
+		bulkOperations { id } pausedQueues { queue } secrets { name } secretAudit { id } }`, nil)
 	require.Empty(t, res.Errors)
-	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery, a.schedule, a.bulk} {
+	for _, id := range []string{a.run, a.workflow, a.key, a.id.String(), "owner@" + a.id.String(), a.endpoint, a.delivery, a.schedule, a.bulk,
+		a.secret, a.audit} {
 		assert.NotContains(t, string(res.Data), id)
 	}
 	var ws struct{ Workers []struct{ ID string } }
@@ -938,7 +976,8 @@ func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 		CreateWorkflow struct{ Workflow struct{ ID string } }
 	}
 	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "secretive", definition: {nodes: [
-		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer sk_live_123"}}}]}}) { workflow { id } } }`,
+		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer sk_live_123"},
+		 query: {api_key: "sk_live_456"}}}]}}) { workflow { id } } }`,
 		nil).Decode(t, &created)
 	var key struct{ CreateApiKey struct{ Secret string } }
 	sys.GraphQL(a.owner, `mutation { createApiKey(input: {name: "ro", scopes: ["workflows:read"]}) { secret } }`, nil).Decode(t, &key)
@@ -948,7 +987,9 @@ func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 		res := sys.GraphQL(cred, q, vars)
 		require.Empty(t, res.Errors, name)
 		assert.NotContains(t, string(res.Data), "sk_live_123", "%s sees no header value", name)
+		assert.NotContains(t, string(res.Data), "sk_live_456", "%s sees no query value", name)
 		assert.Contains(t, string(res.Data), "Authorization", "%s sees the header's name", name)
+		assert.Contains(t, string(res.Data), "api_key", "%s sees the parameter's name", name)
 	}
 	res := sys.GraphQL(a.developer, q, vars)
 	require.Empty(t, res.Errors)

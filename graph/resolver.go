@@ -22,6 +22,7 @@ import (
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/schedules"
+	"github.com/composer-dev/composer/secrets"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 )
@@ -37,6 +38,8 @@ type Resolver struct {
 	limits  tenants.LimitsCache // the limiter's limits
 	// Webhooks manages webhook endpoints and deliveries.
 	Webhooks webhooks.Service
+	// Secrets seals the tenants' secrets.
+	Secrets secrets.Service
 	// Schedules fires schedules and backfills them (schedules.Service
 	// manages them in the resolvers' transactions).
 	Schedules *schedules.Firer

@@ -21,6 +21,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/graph/model"
+	"github.com/composer-dev/composer/secrets"
 )
 
 // Options configures the gateway.
@@ -87,6 +88,9 @@ func complexity() ComplexityRoot {
 	}
 	c.WebhookDelivery.Attempts = func(child int) int { return 1 + 20*child }
 	c.WebhookEndpoint.Secrets = func(child int) int { return 1 + 2*child }
+	c.Query.Secrets = func(child int) int { return 1 + secrets.MaxSecrets*child }
+	c.Query.SecretAudit = func(child int, _ *string, first *int, _ *uuid.UUID) int { return 1 + page(first)*child }
+	c.Secret.Versions = func(child int) int { return 1 + secrets.KeptVersions*child }
 	c.Run.Tasks = func(child int) int { return 1 + 20*child }
 	c.Run.Timeline = func(child int, first *int) int {
 		if first == nil {

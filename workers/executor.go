@@ -25,6 +25,9 @@ type Task struct {
 	WorkflowVersion int
 	Input           json.RawMessage
 	Config          taskapi.TaskConfig
+	// Secrets reads the current values of the secrets the task's request
+	// names, for this attempt's lease (nil: the worker cannot read any).
+	Secrets func(ctx context.Context) (map[string]string, error)
 }
 
 // Executor runs the tasks of one node type. Execute must return promptly

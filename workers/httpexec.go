@@ -15,6 +15,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/engine/dag"
+	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/ssrf"
 )
 
@@ -51,12 +53,48 @@ type httpOutput struct {
 
 // Execute performs the request. 2xx completes; 4xx fails for good except
 // 408 and 429; 5xx and network errors are retryable; Retry-After is passed
-// on to the retry policy.
+// on to the retry policy. A request that reads secrets gets their current
+// values for this attempt's lease, and every value it rendered from them
+// is redacted from the output and the failure.
 func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 	spec := t.Config.HTTP
 	if spec == nil {
 		return nil, Permanent("bad_config", "http node without a request")
 	}
+	var values map[string]string
+	if len(spec.Secrets) > 0 {
+		if t.Secrets == nil {
+			return nil, Permanent("secrets_unavailable", "this worker cannot read secrets")
+		}
+		v, err := t.Secrets(ctx)
+		if err != nil {
+			return nil, secretsFailure(err)
+		}
+		values = v
+	}
+	red := newRedactor(values)
+	out, err := h.execute(ctx, t, spec, values, red)
+	if err != nil {
+		return nil, red.failure(err)
+	}
+	return red.json(out), nil
+}
+
+// secretsFailure is a failed read of the task's secrets.
+func secretsFailure(err error) *Failure {
+	var apiErr *taskapi.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.Code {
+		case "BAD_USER_INPUT":
+			return Permanent("secret_not_found", "%s", apiErr.Message)
+		case "NOT_FOUND":
+			return Retryable("lease_lost", "the task's lease ended before its secrets were read")
+		}
+	}
+	return Retryable("secrets_unavailable", "the task's secrets could not be read")
+}
+
+func (h *HTTP) execute(ctx context.Context, t Task, spec *taskapi.HTTPSpec, values map[string]string, red *redactor) (json.RawMessage, error) {
 	timeout := DefaultHTTPTimeout
 	if spec.TimeoutMS > 0 {
 		timeout = time.Duration(spec.TimeoutMS) * time.Millisecond
@@ -64,23 +102,38 @@ func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
+	target, err := requestURL(spec, values, red)
+	if err != nil {
+		return nil, err
+	}
 	var body io.Reader
 	hasBody := false
 	switch {
 	case len(spec.Body) > 0:
 		body, hasBody = bytes.NewReader(spec.Body), true
-	case spec.Method != http.MethodGet && spec.Method != http.MethodHead && spec.Method != http.MethodOptions:
+	case spec.Method == http.MethodPost || spec.Method == http.MethodPut || spec.Method == http.MethodPatch:
 		in := t.Input
 		if len(in) == 0 {
 			in = json.RawMessage(`{}`)
 		}
 		body, hasBody = bytes.NewReader(in), true
 	}
-	req, err := http.NewRequestWithContext(ctx, spec.Method, spec.URL, body)
+	req, err := http.NewRequestWithContext(ctx, spec.Method, "http://placeholder/", body)
 	if err != nil {
-		return nil, Permanent("bad_request", "cannot build the request: %v", err)
+		return nil, Permanent("bad_request", "cannot build the request")
 	}
+	req.URL, req.Host = target, ""
 	for k, v := range spec.Headers {
+		req.Header.Set(k, v)
+	}
+	for k, parts := range spec.SecretHeaders {
+		v, err := renderParts(parts, values, red)
+		if err != nil {
+			return nil, Permanent("bad_template", "http.headers.%s: %v", k, err)
+		}
+		if strings.ContainsAny(v, "\r\n\x00") {
+			return nil, Permanent("bad_template", "http.headers.%s: the value rendered from secrets holds a line break or NUL", k)
+		}
 		req.Header.Set(k, v)
 	}
 	if hasBody && req.Header.Get("Content-Type") == "" {
@@ -95,7 +148,7 @@ func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return nil, h.requestFailure(ctx, req.URL.Hostname(), err)
+		return nil, h.requestFailure(ctx, req.URL.Hostname(), err, red)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
@@ -119,7 +172,7 @@ func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 		return b, nil
 	}
 	details, _ := json.Marshal(httpOutput{Status: out.Status, Headers: out.Headers, Body: truncate(data, 1024)})
-	f := &Failure{Code: "http_status", Message: fmt.Sprintf("%s %s answered %s", spec.Method, redactURL(spec.URL), resp.Status), Details: details}
+	f := &Failure{Code: "http_status", Message: fmt.Sprintf("%s %s answered %s", spec.Method, redactURL(target), resp.Status), Details: details}
 	switch {
 	case resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
 		f.Retryable = true
@@ -128,17 +181,70 @@ func (h *HTTP) Execute(ctx context.Context, t Task) (json.RawMessage, error) {
 	return nil, f
 }
 
+// requestURL is the request's URL: the rendered one (or its parts over
+// secrets), with the query parameters added. Errors never repeat it.
+func requestURL(spec *taskapi.HTTPSpec, values map[string]string, red *redactor) (*url.URL, error) {
+	raw := spec.URL
+	if spec.URLParts != nil {
+		var err error
+		if raw, err = renderParts(spec.URLParts, values, red); err != nil {
+			return nil, Permanent("bad_template", "http.url: %v", err)
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+		return nil, Permanent("bad_request", "the rendered url is not an absolute http or https URL without credentials")
+	}
+	if len(spec.Query) == 0 {
+		return u, nil
+	}
+	q := make([]string, 0, len(spec.Query)+1)
+	if u.RawQuery != "" {
+		q = append(q, u.RawQuery)
+	}
+	for _, p := range spec.Query {
+		v := p.Value
+		if p.Parts != nil {
+			if v, err = renderParts(p.Parts, values, red); err != nil {
+				return nil, Permanent("bad_template", "http.query.%s: %v", p.Name, err)
+			}
+		}
+		q = append(q, url.QueryEscape(p.Name)+"="+url.QueryEscape(v))
+	}
+	u.RawQuery = strings.Join(q, "&")
+	return u, nil
+}
+
+// renderParts writes parts over secrets; every value an expression
+// rendered is added to the redactor before it is used.
+func renderParts(parts []taskapi.Part, values map[string]string, red *redactor) (string, error) {
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Secret == "" {
+			b.WriteString(p.Text)
+			continue
+		}
+		v, err := dag.EvalSecretPart(dag.Part{Secret: p.Secret, Escape: p.Escape}, values)
+		if err != nil {
+			return "", err
+		}
+		red.add(v)
+		b.WriteString(v)
+	}
+	return b.String(), nil
+}
+
 // requestFailure is what the tenant reads of a request that got no
 // response: never our network's details (a resolved internal address,
 // the resolver, whether a name exists), which go to the log.
-func (h *HTTP) requestFailure(ctx context.Context, host string, err error) *Failure {
+func (h *HTTP) requestFailure(ctx context.Context, host string, err error, red *redactor) *Failure {
 	inner := unwrapURLError(err)
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return Retryable("http_timeout", "the request timed out")
 	}
 	reason, known := ssrf.Describe(host, inner)
 	if known && h.Log != nil {
-		h.Log.Info("http step could not reach its host", zap.String("host", host), zap.Error(inner))
+		h.Log.Info("http step could not reach its host", zap.String("host", host), zap.String("error", red.text(inner.Error())))
 	}
 	switch {
 	case ssrf.Unreachable(inner):
@@ -196,11 +302,8 @@ func retryAfter(v string, now time.Time) time.Duration {
 }
 
 // redactURL drops the query string, which may hold secrets, from messages.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(url)"
-	}
-	u.RawQuery, u.User, u.Fragment = "", nil, ""
-	return u.String()
+func redactURL(u *url.URL) string {
+	c := *u
+	c.RawQuery, c.User, c.Fragment = "", nil, ""
+	return c.String()
 }

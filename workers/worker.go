@@ -71,6 +71,13 @@ type TaskAPI interface {
 	Fail(context.Context, taskapi.FailRequest) (taskapi.ReportResponse, error)
 }
 
+// SecretsAPI is the part of the task API that reads a leased http task's
+// secrets; *taskapi.Client has it. A TaskAPI without it runs no task that
+// reads secrets.
+type SecretsAPI interface {
+	Secrets(context.Context, taskapi.SecretsRequest) (taskapi.SecretsResponse, error)
+}
+
 // Config configures a Worker. Zero fields take the defaults.
 type Config struct {
 	// Queues to serve (default ["default"]).
@@ -727,6 +734,12 @@ func (w *Worker) hold(execCtx context.Context, m stream.Message, l taskapi.Lease
 		MaxAttempts: l.MaxAttempts, WorkflowID: l.WorkflowID, WorkflowVersion: l.WorkflowVersion, Input: l.Input, Config: cfg}
 	ctx, cancel := context.WithCancelCause(execCtx)
 	e := &execution{ref: taskapi.Ref{Tenant: m.Tenant, Run: m.Run, Task: m.Task, Attempt: m.Attempt}, node: l.NodeID, cancel: cancel}
+	if api, ok := w.api.(SecretsAPI); ok {
+		t.Secrets = func(ctx context.Context) (map[string]string, error) {
+			res, err := api.Secrets(ctx, taskapi.SecretsRequest{Ref: e.ref, WorkerID: w.cfg.WorkerID})
+			return res.Secrets, err
+		}
+	}
 	w.mu.Lock()
 	w.inflight[m.Task] = e
 	w.mu.Unlock()

@@ -109,32 +109,38 @@ func oneLine(s string) string {
 // nodeRefs lists the node ids an expression reads as nodes.<id> or
 // nodes["<id>"].
 func nodeRefs(a *ast.AST) []string {
+	refs, _ := namedRefs(a, "nodes")
+	return refs
+}
+
+// namedRefs lists the keys an expression reads of a map variable by name
+// (variable.<key> or variable["<key>"]), sorted, and the ids of the
+// variable's identifier expressions so used.
+func namedRefs(a *ast.AST, variable string) ([]string, map[int64]bool) {
 	seen := map[string]bool{}
+	operands := map[int64]bool{}
 	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
 		switch e.Kind() {
 		case ast.SelectKind:
 			s := e.AsSelect()
-			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == "nodes" {
+			if op := s.Operand(); op.Kind() == ast.IdentKind && op.AsIdent() == variable {
 				seen[s.FieldName()] = true
+				operands[op.ID()] = true
 			}
 		case ast.CallKind:
 			c := e.AsCall()
 			if c.FunctionName() == "_[_]" && len(c.Args()) == 2 {
 				op, key := c.Args()[0], c.Args()[1]
-				if op.Kind() == ast.IdentKind && op.AsIdent() == "nodes" && key.Kind() == ast.LiteralKind {
+				if op.Kind() == ast.IdentKind && op.AsIdent() == variable && key.Kind() == ast.LiteralKind {
 					if s, ok := key.AsLiteral().Value().(string); ok {
 						seen[s] = true
+						operands[op.ID()] = true
 					}
 				}
 			}
 		}
 	}))
-	out := make([]string, 0, len(seen))
-	for k := range seen {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(seen)), operands
 }
 
 // NodeResult is what expressions see of a finished upstream node.

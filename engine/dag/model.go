@@ -169,14 +169,21 @@ const MaxRateKeyChars = 256
 // RateLimitName is what a rate limit's name looks like.
 var RateLimitName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}$`)
 
-// HTTPSpec configures an http node. When Body is empty and the node has an
-// input mapping, the mapped input is sent as the JSON body.
+// HTTPSpec configures an http node. When Body is empty, POST, PUT and
+// PATCH send the node's input as the JSON body; GET, HEAD, DELETE and
+// OPTIONS send none (carry input in the query instead). URL, Query values
+// and Header values are templates with {{ expression }} segments over
+// input, nodes and secrets (see template.go).
 type HTTPSpec struct {
-	Method  string            `json:"method"`
-	URL     string            `json:"url"`
+	Method string `json:"method"`
+	URL    string `json:"url"`
+	// Query parameters are added to the URL's own.
+	Query   map[string]string `json:"query,omitempty"`
 	Headers map[string]string `json:"headers,omitempty"`
 	Body    json.RawMessage   `json:"body,omitempty"`
 	Timeout Duration          `json:"timeout,omitempty"`
+
+	templates *httpTemplates
 }
 
 // TaskSpec names the worker handler that runs a task node.

@@ -19,7 +19,10 @@ var (
 	signalPattern = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
 	headerPattern = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
 	inputKey      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
-	httpMethods   = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "OPTIONS": true}
+	// queryNamePattern: printable ASCII without space (names are escaped
+	// when the URL is built).
+	queryNamePattern = regexp.MustCompile(`^[!-~]{1,128}$`)
+	httpMethods      = map[string]bool{"GET": true, "HEAD": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true, "OPTIONS": true}
 )
 
 // ValidQueue reports whether s is a valid queue name.
@@ -138,7 +141,7 @@ func (n *Node) validate(ps *problems, label string) {
 		if !httpMethods[h.Method] {
 			ps.add(label, "http.method", "unsupported method %q", h.Method)
 		}
-		if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if u, err := url.Parse(withoutSegments(h.URL)); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			ps.add(label, "http.url", "must be an absolute http or https URL")
 		} else if u.User != nil {
 			ps.add(label, "http.url", "must not embed credentials; use a header")
@@ -146,6 +149,14 @@ func (n *Node) validate(ps *problems, label string) {
 		for k := range h.Headers {
 			if !headerPattern.MatchString(k) {
 				ps.add(label, "http.headers", "invalid header name %q", k)
+			}
+		}
+		if len(h.Query) > MaxQueryParams {
+			ps.add(label, "http.query", "has %d parameters; at most %d", len(h.Query), MaxQueryParams)
+		}
+		for k := range h.Query {
+			if !queryNamePattern.MatchString(k) {
+				ps.add(label, "http.query", "invalid parameter name %q (1-128 printable characters)", k)
 			}
 		}
 		if len(h.Body) > 0 && !json.Valid(h.Body) {
@@ -258,6 +269,25 @@ func (n *Node) validate(ps *problems, label string) {
 				ps.add(label, "map.step."+p.Field, "%s", p.Message)
 			}
 		}
+	}
+}
+
+// withoutSegments replaces each {{ }} segment of a template with "x", to
+// check the shape of a templated URL.
+func withoutSegments(s string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "{{")
+		if i < 0 {
+			return b.String() + s
+		}
+		j := strings.Index(s[i:], "}}")
+		if j < 0 {
+			return b.String() + s
+		}
+		b.WriteString(s[:i])
+		b.WriteString("x")
+		s = s[i+j+2:]
 	}
 }
 
@@ -410,6 +440,9 @@ func (w *Workflow) compile(ps *problems) {
 				rl.key = p
 			}
 		}
+		if n.HTTP != nil {
+			n.compileHTTP(ps, check)
+		}
 		n.input = make(map[string]*program, len(n.Input))
 		for _, k := range slices.Sorted(maps.Keys(n.Input)) {
 			field := "input." + k
@@ -455,6 +488,9 @@ func (w *Workflow) compile(ps *problems) {
 				}
 				check(field, p)
 				st.input[k] = p
+			}
+			if st.HTTP != nil {
+				n.compileHTTPStep(ps, check)
 			}
 		}
 	}

@@ -468,14 +468,20 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 	}
 	in, err := n.EvalInput(s)
 	if err != nil {
-		code := CodeExpression
-		if errors.Is(err, dag.ErrValueTooLarge) {
-			code = CodeValueTooLarge
-		}
-		m.createFailed(base, t, Error{Code: code, Message: err.Error()})
+		m.createFailed(base, t, evalError(err))
 		return
 	}
 	base.Input = in
+	if n.Templated() {
+		// The url, query and headers over input and upstream outputs; what
+		// reads secrets stays an expression for the executor.
+		req, err := n.EvalRequest(s)
+		if err != nil {
+			m.createFailed(base, t, evalError(err))
+			return
+		}
+		base.Request = req
+	}
 
 	switch n.Type {
 	case dag.TypeSleep:
@@ -561,6 +567,16 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 		m.emit(Dispatch{NodeID: n.ID, Attempt: 1, NotBefore: m.now})
 		m.scheduleToStart(n, n.ID, 1, m.now)
 	}
+}
+
+// evalError is the error of a node whose input or request could not be
+// evaluated.
+func evalError(err error) Error {
+	code := CodeExpression
+	if errors.Is(err, dag.ErrValueTooLarge) {
+		code = CodeValueTooLarge
+	}
+	return Error{Code: code, Message: err.Error()}
 }
 
 // itemDone moves the map an element of which just completed: the next
@@ -655,14 +671,18 @@ func (m *machine) createItem(n *dag.Node, id string, i int, item any, s dag.Scop
 	m.run.Tasks[id] = t
 	in, err := n.EvalItemInput(s, item, i)
 	if err != nil {
-		code := CodeExpression
-		if errors.Is(err, dag.ErrValueTooLarge) {
-			code = CodeValueTooLarge
-		}
-		m.createFailed(base, t, Error{Code: code, Message: err.Error()})
+		m.createFailed(base, t, evalError(err))
 		return false
 	}
 	base.Input = in
+	if st.Templated() {
+		req, err := n.EvalItemRequest(s, item, i)
+		if err != nil {
+			m.createFailed(base, t, evalError(err))
+			return false
+		}
+		base.Request = req
+	}
 	if st.Type.RunsOnWorker() {
 		key, limit, err := n.ItemStepKey(s, item, i)
 		if err != nil {

@@ -2,6 +2,7 @@ package statemachine
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -330,6 +331,43 @@ func TestExpressionErrorFailsTheNodeClearly(t *testing.T) {
 	assert.Contains(t, ct.Error.Message, "input.x")
 }
 
+func TestTemplatedRequestsAreRenderedPerTask(t *testing.T) {
+	wf := dag.MustParse(`{"nodes":[
+		{"id":"a","type":"noop"},
+		{"id":"b","type":"http","depends_on":["a"],"http":{"url":"https://x.example/o/{{ nodes.a.output.id }}",
+		 "headers":{"Authorization":"Bearer {{ secrets.T }}"}}},
+		{"id":"c","type":"http","depends_on":["a"],"http":{"url":"https://x.example/{{ input.big }}"}},
+		{"id":"d","type":"http","http":{"url":"https://x.example/static"}}]}`)
+	s := newSim(t, wf, `{"big": "`+strings.Repeat("x", dag.MaxRenderedValue)+`"}`)
+	tr := s.step(RunStarted{})
+	for _, a := range tr.Actions {
+		if ct, ok := a.(CreateTask); ok && ct.NodeID == "d" {
+			assert.Nil(t, ct.Request, "an untemplated request is the definition's")
+		}
+	}
+	tr = s.complete("a", `{"id": "o 1"}`)
+	var b, c *CreateTask
+	for _, a := range tr.Actions {
+		if ct, ok := a.(CreateTask); ok {
+			switch ct.NodeID {
+			case "b":
+				b = &ct
+			case "c":
+				c = &ct
+			}
+		}
+	}
+	require.NotNil(t, b)
+	require.NotNil(t, b.Request)
+	assert.Equal(t, "https://x.example/o/o%201", b.Request.URL.Text)
+	assert.Equal(t, []dag.Part{{Text: "Bearer "}, {Secret: "secrets.T"}}, b.Request.Headers["Authorization"].Parts, "secrets stay for the executor")
+	assert.Equal(t, []string{"T"}, b.Request.Secrets)
+	require.NotNil(t, c)
+	assert.Equal(t, TaskFailed, c.State, "a url rendered larger than the bound fails its node")
+	assert.Equal(t, CodeValueTooLarge, c.Error.Code)
+	assert.Contains(t, c.Error.Message, "http.url")
+}
+
 func TestRerunResetsUnfinishedNodesAndKeepsOutputs(t *testing.T) {
 	wf := dag.MustParse(`{"nodes":[
 		{"id":"a","type":"noop"},
@@ -354,4 +392,26 @@ func TestRerunResetsUnfinishedNodesAndKeepsOutputs(t *testing.T) {
 	tr = s.complete("d", `{}`)
 	assert.Equal(t, RunCompleted, tr.Status)
 	assert.True(t, s.step(RerunRequested{}).Ignored, "a completed run has nothing to re-run")
+}
+
+func TestMapStepsRenderTheirRequestPerElement(t *testing.T) {
+	wf := dag.MustParse(`{"nodes":[{"id":"fan","type":"map","map":{"items":"input.ids","step":{"type":"http",
+		"http":{"url":"https://x.example/{{ input.account }}/items/{{ item }}?n={{ index }}","headers":{"Authorization":"Bearer {{ secrets.T }}"}}}}}]}`)
+	s := newSim(t, wf, `{"account":"acc","ids":["a/1","b"]}`)
+	tr := s.step(RunStarted{})
+	var urls []string
+	for _, a := range tr.Actions {
+		if ct, ok := a.(CreateTask); ok && ct.NodeID != "fan" {
+			require.NotNil(t, ct.Request, ct.NodeID)
+			urls = append(urls, ct.Request.URL.Text)
+			assert.Equal(t, []string{"T"}, ct.Request.Secrets)
+			assert.Equal(t, []dag.Part{{Text: "Bearer "}, {Secret: "secrets.T"}}, ct.Request.Headers["Authorization"].Parts)
+		}
+	}
+	assert.Equal(t, []string{"https://x.example/acc/items/a%2F1?n=0", "https://x.example/acc/items/b?n=1"}, urls)
+
+	_, err := dag.Parse([]byte(`{"nodes":[{"id":"fan","type":"map","map":{"items":"input.ids","step":{"type":"http",
+		"http":{"url":"https://x.example/","headers":{"A":"{{ secrets.T + item }}"}}}}}]}`))
+	require.ErrorContains(t, err, `node "fan": map.step.http.headers.A:`)
+	require.ErrorContains(t, err, "may read nothing else")
 }

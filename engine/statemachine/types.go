@@ -252,8 +252,11 @@ type CreateTask struct {
 	State       TaskState
 	MaxAttempts int
 	Input       json.RawMessage
-	Output      json.RawMessage
-	Error       *Error
+	// Request is an http node's url, query and headers rendered for this
+	// task, when its definition templates them (nil: the definition's).
+	Request *dag.Request
+	Output  json.RawMessage
+	Error   *Error
 	// Reason says why a task was created already skipped.
 	Reason string
 	// ConcurrencyKey and ConcurrencyLimit are a worker node's step

@@ -34,6 +34,9 @@ const (
 	// PathPoll is how a tenant's own worker asks for work: the server reads
 	// the tenant's handler streams on its behalf and answers with leases.
 	PathPoll = "/v1/tasks/poll"
+	// PathSecrets is how a platform worker reads the secrets of an http
+	// task it holds the lease of, when it executes it.
+	PathSecrets = "/v1/tasks/secrets"
 )
 
 // Ref names one attempt of one task.
@@ -278,6 +281,12 @@ func (c *Client) Poll(ctx context.Context, r PollRequest) (PollResponse, error) 
 	return out, c.call(ctx, PathPoll, r, &out)
 }
 
+// Secrets reads the secrets of a leased task's request.
+func (c *Client) Secrets(ctx context.Context, r SecretsRequest) (SecretsResponse, error) {
+	var out SecretsResponse
+	return out, c.call(ctx, PathSecrets, r, &out)
+}
+
 // Fail reports failure.
 func (c *Client) Fail(ctx context.Context, r FailRequest) (ReportResponse, error) {
 	var out ReportResponse
@@ -341,14 +350,57 @@ type RateLimitRef struct {
 	Key  string `json:"key"`
 }
 
-// HTTPSpec is an http node's request. With no Body, a method that carries
-// one sends the task input as JSON.
+// HTTPSpec is an http node's request, rendered for its task. With no
+// Body, POST, PUT and PATCH send the task input as JSON; other methods
+// send no body.
+//
+// Values that read secrets are not rendered: URLParts, a Param's Parts and
+// SecretHeaders hold literal text and expressions over secrets, which the
+// executor evaluates with the values it reads for its lease
+// (PathSecrets), so a secret's value never enters the task.
 type HTTPSpec struct {
-	Method    string            `json:"method"`
-	URL       string            `json:"url"`
-	Headers   map[string]string `json:"headers,omitempty"`
-	Body      json.RawMessage   `json:"body,omitempty"`
-	TimeoutMS int64             `json:"timeout_ms,omitempty"`
+	Method string `json:"method"`
+	URL    string `json:"url"`
+	// URLParts, when set, is the URL (URL is then empty).
+	URLParts []Part `json:"url_parts,omitempty"`
+	// Query parameters are added to the URL, in order.
+	Query         []Param           `json:"query,omitempty"`
+	Headers       map[string]string `json:"headers,omitempty"`
+	SecretHeaders map[string][]Part `json:"secret_headers,omitempty"`
+	// Secrets names the secrets the parts read: the server opens only
+	// these, for the worker holding the task's lease.
+	Secrets   []string        `json:"secrets,omitempty"`
+	Body      json.RawMessage `json:"body,omitempty"`
+	TimeoutMS int64           `json:"timeout_ms,omitempty"`
+}
+
+// Param is a query parameter: Value, or Parts when it reads secrets.
+type Param struct {
+	Name  string `json:"name"`
+	Value string `json:"value,omitempty"`
+	Parts []Part `json:"parts,omitempty"`
+}
+
+// Part is a piece of a value that reads secrets: literal Text, or Secret,
+// a CEL expression over secrets, whose result is escaped as Escape says
+// ("path", "query" or "" for none).
+type Part struct {
+	Text   string `json:"text,omitempty"`
+	Secret string `json:"secret,omitempty"`
+	Escape string `json:"escape,omitempty"`
+}
+
+// SecretsRequest asks for the secrets a leased http task reads. Only the
+// platform's workers may ask, and only for a task whose lease they hold.
+type SecretsRequest struct {
+	Ref
+	WorkerID string `json:"worker_id"`
+}
+
+// SecretsResponse holds the current values of the secrets the task's
+// request names. It is never stored or logged.
+type SecretsResponse struct {
+	Secrets map[string]string `json:"secrets"`
 }
 
 // TaskSpec names the handler of a task node.

@@ -65,13 +65,26 @@ func PlatformToken(token string) Authenticator {
 	}
 }
 
+// SecretReader opens the current values of the secrets a leased task's
+// request names, while the attempt runs under worker's live lease
+// (secrets.Service.ForLease).
+type SecretReader func(ctx context.Context, ref taskapi.Ref, worker string) (map[string]string, error)
+
 // Server is the task API's HTTP handler.
 type Server struct {
-	c    *engine.Coordinator
-	poll *taskpoll.Poller
-	auth Authenticator
-	log  *zap.Logger
-	mux  *http.ServeMux
+	c       *engine.Coordinator
+	poll    *taskpoll.Poller
+	auth    Authenticator
+	log     *zap.Logger
+	mux     *http.ServeMux
+	secrets SecretReader
+}
+
+// WithSecrets lets platform workers read their leased tasks' secrets
+// (without it PathSecrets answers UNAVAILABLE).
+func (s *Server) WithSecrets(r SecretReader) *Server {
+	s.secrets = r
+	return s
 }
 
 // maxBody bounds a request: one output (1 MiB) plus its envelope.
@@ -89,6 +102,7 @@ func New(c *engine.Coordinator, poll *taskpoll.Poller, auth Authenticator, log *
 	s.mux.HandleFunc("POST "+taskapi.PathRenew, handle(s, s.renew))
 	s.mux.HandleFunc("POST "+taskapi.PathComplete, handle(s, s.complete))
 	s.mux.HandleFunc("POST "+taskapi.PathFail, handle(s, s.fail))
+	s.mux.HandleFunc("POST "+taskapi.PathSecrets, handle(s, s.readSecrets))
 	return s
 }
 
@@ -186,6 +200,26 @@ func byTenant(c Caller, refs []taskapi.Ref) (map[uuid.UUID][]int, error) {
 }
 
 func ttl(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
+
+// readSecrets answers a platform worker executing an http task with the
+// values of the secrets its request names. Tenant workers never run http
+// tasks, so they are refused; the answer is neither stored nor logged.
+func (s *Server) readSecrets(ctx context.Context, c Caller, in taskapi.SecretsRequest) (taskapi.SecretsResponse, error) {
+	if !c.Platform {
+		return taskapi.SecretsResponse{}, errs.E(errs.Forbidden, "only the platform's workers read secrets, for the http tasks they hold")
+	}
+	if s.secrets == nil {
+		return taskapi.SecretsResponse{}, errs.E(errs.Unavailable, "this server does not serve secrets")
+	}
+	if in.WorkerID == "" {
+		return taskapi.SecretsResponse{}, errs.E(errs.Invalid, "worker_id is required")
+	}
+	v, err := s.secrets(ctx, in.Ref, in.WorkerID)
+	if err != nil {
+		return taskapi.SecretsResponse{}, err
+	}
+	return taskapi.SecretsResponse{Secrets: v}, nil
+}
 
 // pollWork answers a tenant worker's poll with leases of its tenant's
 // task nodes (see taskpoll).

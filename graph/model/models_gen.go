@@ -759,6 +759,63 @@ func (e RunStatus) MarshalJSON() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+type SecretAuditAction string
+
+const (
+	SecretAuditActionCreate SecretAuditAction = "CREATE"
+	SecretAuditActionUpdate SecretAuditAction = "UPDATE"
+	SecretAuditActionDelete SecretAuditAction = "DELETE"
+)
+
+var AllSecretAuditAction = []SecretAuditAction{
+	SecretAuditActionCreate,
+	SecretAuditActionUpdate,
+	SecretAuditActionDelete,
+}
+
+func (e SecretAuditAction) IsValid() bool {
+	switch e {
+	case SecretAuditActionCreate, SecretAuditActionUpdate, SecretAuditActionDelete:
+		return true
+	}
+	return false
+}
+
+func (e SecretAuditAction) String() string {
+	return string(e)
+}
+
+func (e *SecretAuditAction) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = SecretAuditAction(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid SecretAuditAction", str)
+	}
+	return nil
+}
+
+func (e SecretAuditAction) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *SecretAuditAction) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e SecretAuditAction) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
 type TaskState string
 
 const (

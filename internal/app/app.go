@@ -36,6 +36,7 @@ import (
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/internal/telemetry"
 	"github.com/composer-dev/composer/schedules"
+	"github.com/composer-dev/composer/secrets"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/composer-dev/composer/workers"
@@ -157,7 +158,9 @@ type Server struct {
 	// Webhooks manages endpoints; Relay delivers (nil without a secret key).
 	Webhooks webhooks.Service
 	Relay    *webhooks.Relay
-	caps     billing.CapCache
+	// Secrets is the tenants' secret store (sealed with the webhooks' keys).
+	Secrets secrets.Service
+	caps    billing.CapCache
 	// Background are the server's other loops, run by Run until it stops.
 	Background []lifecycle.Service
 }
@@ -243,6 +246,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	if err := s.setupWebhooks(); err != nil {
 		return nil, err
 	}
+	s.Secrets = secrets.Service{Keys: s.Webhooks.Keys}
 	onTransition := func(t engine.Transition) {
 		s.Live.Publish(t)
 		if t.Terminal && s.Relay != nil {
@@ -293,10 +297,11 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	}
 
 	s.Mux.Handle("POST "+PathEvents, &eventsHandler{s: s})
-	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, s.Poller, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")))
+	s.Mux.Handle("/v1/tasks/", taskserver.New(s.Coordinator, s.Poller, WorkerAuth(d.Cfg.WorkerToken, s.Authn), d.Log.Named("taskapi")).
+		WithSecrets(s.secretReader()))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
 		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter,
-			Webhooks: s.Webhooks, Workers: s.Poller, Schedules: s.Schedules, Log: d.Log.Named("graphql")},
+			Webhooks: s.Webhooks, Secrets: s.Secrets, Workers: s.Poller, Schedules: s.Schedules, Log: d.Log.Named("graphql")},
 		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	s.Mux.Handle("GET /schema.graphql", graph.SchemaHandler())

@@ -26,6 +26,10 @@ func TestRoleBoundaries(t *testing.T) {
 		// claims a due bulk job across tenants and expires finished ones;
 		// each batch runs in the job's tenant's own transactions
 		"engine/bulk.go": true,
+		// the task server opening a leased task's sealed secrets (the app
+		// role cannot read them) for the platform worker holding the lease,
+		// fenced by tenant, run, task, attempt and owner in the one query
+		"secrets/lease.go": true,
 	}
 	unscoped := map[string]bool{"auth/authenticate.go": true}
 	// One transaction over several tenants' statements: the platform's lease
