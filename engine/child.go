@@ -143,7 +143,7 @@ const (
 			VALUES ($1, $2, $3, $4, $5, 1, now(), $6)`
 	qCancelChild = `INSERT INTO timers (tenant_id, run_id, kind, fire_at)
 			SELECT tenant_id, id, 'parent_cancelled', now() FROM workflow_runs
-			 WHERE tenant_id = $1 AND parent_run_id = $2 AND parent_task_id = $3 AND status = 'running'`
+			 WHERE tenant_id = $1 AND parent_run_id = $2 AND parent_task_id = $3 AND status IN ('running', 'queued')`
 	qChildOf = `SELECT id, status, output, error FROM workflow_runs
 			 WHERE tenant_id = $1 AND parent_run_id = $2 AND parent_task_id = $3 ORDER BY id DESC LIMIT 1`
 )

@@ -233,3 +233,20 @@ func TestAChildWorkflowIsLookedUpInTheParentsTenant(t *testing.T) {
 		WHERE run_id = $1 AND node_id = 'c'`, run).Scan(&code))
 	assert.Equal(t, "NOT_FOUND", code)
 }
+
+// TestACancelledParentCancelsAQueuedChild: a child queued behind its
+// workflow's concurrency key is cancelled with its parent too.
+func TestACancelledParentCancelsAQueuedChild(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.namedWorkflow("one-at-a-time", `{"concurrency": {"key": "'all'", "limit": 1}, "nodes": [{"id": "w", "type": "wait", "wait": {"signal": "go"}}]}`)
+	wf := f.workflow(`{"nodes": [{"id": "c", "type": "workflow", "workflow": {"name": "one-at-a-time"}}]}`)
+	first, second := f.start(wf, `{}`), f.start(wf, `{}`)
+	queued := f.childrenOf(second)[0]
+	require.Equal(t, "queued", queued.Status)
+	_, err := f.c.CancelRun(context.Background(), f.tenant, second, "stop")
+	require.NoError(t, err)
+	f.fireTimers()
+	assert.Equal(t, sm.RunCancelled, f.runStatus(queued.ID))
+	assert.Equal(t, "running", f.childrenOf(first)[0].Status, "the other child keeps its slot")
+}

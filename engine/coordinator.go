@@ -791,7 +791,7 @@ func (c *Coordinator) RerunRun(ctx context.Context, tenant, runID uuid.UUID) (Ac
 // transaction whether or not the state machine still cares, so a moot
 // timer fires once and is gone; a timer already fired is ignored.
 func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, timerID int64) (Ack, error) {
-	return c.apply(ctx, tenant, runID, eventRef{commitIgnored: true}, func(ctx context.Context, tx *pg.Tx, _ *sm.Run) (sm.Event, error) {
+	return c.apply(ctx, tenant, runID, eventRef{commitIgnored: true}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
 		var kind, node string
 		var task *uuid.UUID
 		var attempt *int
@@ -804,10 +804,18 @@ func (c *Coordinator) FireTimer(ctx context.Context, tenant, runID uuid.UUID, ti
 			return nil, fmt.Errorf("take timer: %w", err)
 		}
 		switch kind {
-		case timerChildFinished, timerParentCancelled:
+		case timerParentCancelled, timerCancel:
+			// A queued child (its workflow paused, or its key full) is
+			// cancelled as CancelRun cancels one: made running first.
+			if err := unqueue(ctx, tx, run); err != nil {
+				return nil, err
+			}
+			if kind == timerCancel {
+				return cancelEvent(detail), nil
+			}
 			return childEvent(ctx, tx, tx.Tenant, runID, kind, node, task, detail)
-		case timerCancel:
-			return cancelEvent(detail), nil
+		case timerChildFinished:
+			return childEvent(ctx, tx, tx.Tenant, runID, kind, node, task, detail)
 		}
 		ev := sm.TimerFired{Kind: sm.TimerKind(kind), NodeID: node}
 		if task != nil {
