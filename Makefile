@@ -24,7 +24,7 @@ services:
 
 ## build: compile the composer binary into bin/
 build:
-	$(GO) build -o $(BIN) ./cmd/composer
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/composer
 
 ## run: the whole system locally (server, worker, migrations, demo tenant)
 run: services build

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"testing"
 
@@ -10,7 +11,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
 	"github.com/composer-dev/composer/internal/testenv"
+	"github.com/composer-dev/composer/migrations"
 )
 
 // TestEveryTenantTableIsProtected reads the catalog: every table with a
@@ -227,4 +232,52 @@ func TestPartitionMaintenance(t *testing.T) {
 
 	_, err := env.App.Exec(ctx, `SELECT composer_drop_partitions(1)`)
 	assert.ErrorContains(t, err, "permission denied", "the app role cannot drop data")
+}
+
+// TestStatusListsEveryMigrationApplied: on a migrated database every
+// embedded migration is applied, in order, up to Latest; on an empty one
+// every migration is pending, and reading the status changes nothing.
+func TestStatusListsEveryMigrationApplied(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewPG(t)
+	ctx := context.Background()
+	db, err := sql.Open("pgx", env.OwnerURL)
+	require.NoError(t, err)
+	defer db.Close()
+	st, err := migrations.Status(ctx, db)
+	require.NoError(t, err)
+	entries, err := migrations.FS().ReadDir(".")
+	require.NoError(t, err)
+	sqlFiles := 0
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".sql") {
+			sqlFiles++
+		}
+	}
+	require.Len(t, st, sqlFiles)
+	for i, m := range st {
+		assert.Equal(t, goose.StateApplied, m.State, m.Source.Path)
+		if i > 0 {
+			assert.Less(t, st[i-1].Source.Version, m.Source.Version)
+		}
+	}
+	assert.Equal(t, migrations.Latest(), st[len(st)-1].Source.Version)
+
+	// An empty database: all pending (goose's own table is created by the read).
+	admin, err := sql.Open("pgx", strings.Replace(env.OwnerURL, "/"+env.DBName, "/postgres", 1))
+	require.NoError(t, err)
+	defer admin.Close()
+	empty := "status_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+empty)
+	require.NoError(t, err)
+	defer admin.ExecContext(context.Background(), "DROP DATABASE "+empty) //nolint:errcheck
+	edb, err := sql.Open("pgx", strings.Replace(env.OwnerURL, "/"+env.DBName, "/"+empty, 1))
+	require.NoError(t, err)
+	defer edb.Close()
+	st, err = migrations.Status(ctx, edb)
+	require.NoError(t, err)
+	require.Len(t, st, sqlFiles)
+	for _, m := range st {
+		assert.Equal(t, goose.StatePending, m.State)
+	}
 }

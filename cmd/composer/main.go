@@ -34,7 +34,7 @@ func commands() []command {
 	return []command{
 		{"server", "run the GraphQL gateway, the task API and the background loops", runServer},
 		{"worker", "run a worker pool: read task streams, lease, execute, report", runWorker},
-		{"migrate", "apply the database migrations as the owner role", runMigrate},
+		{"migrate", "apply the database migrations as the owner role; `migrate status` lists applied and pending ones", runMigrate},
 		{"dev", "run everything in one process with a demo tenant (development)", runDev},
 		{"bench", "run the end-to-end benchmarks against local PostgreSQL and Redis", runBench},
 		{"tenants", "administer tenants: `tenants create --name N --plan P` prints its id and first API key", runTenants},
@@ -47,6 +47,7 @@ func usage() {
 	for _, c := range commands() {
 		fmt.Fprintf(os.Stderr, "  %-9s %s\n", c.name, c.summary)
 	}
+	fmt.Fprintf(os.Stderr, "  %-9s %s\n", "version", "print the build (module version, commit, Go) and the schema version it expects")
 	fmt.Fprintln(os.Stderr, "\nConfiguration is read from COMPOSER_* environment variables; see README.md.")
 }
 
@@ -59,6 +60,10 @@ func main() {
 		return
 	}
 	name, args := os.Args[1], os.Args[2:]
+	if name == "version" || name == "--version" {
+		fmt.Println(versionLine())
+		return
+	}
 	for _, c := range commands() {
 		if c.name != name {
 			continue
