@@ -37,7 +37,7 @@ func TestReadsHigherPriorityFirstAndAgesLowerOnes(t *testing.T) {
 	tenant := uuid.New()
 	now := time.Now()
 	g := func(want int) []string {
-		msgs := w.readGrants(context.Background(), "default", []grant{{id: tenant, route: tenantShards{tenant: tenant, shards: 2, weight: 1}, n: want}})[0]
+		msgs := w.readGrants(context.Background(), "default", []grant{{id: tenant, route: tenantShards{tenant: tenant, shards: 2, weight: 1}, n: want}})[0].msgs
 		var nodes []string
 		for _, m := range msgs {
 			nodes = append(nodes, m.Node)
@@ -88,4 +88,54 @@ func TestReadsHigherPriorityFirstAndAgesLowerOnes(t *testing.T) {
 		addAt(t, env, n, tenant, i%2, 0, now, 10+i)
 	}
 	assert.Len(t, g(8), 3)
+}
+
+// TestReadHonoursTheBoundOnLowerPriorities: a read bounded to <top>
+// <budget> takes every message at or above top and at most budget below
+// it, and says it was capped only when it left such a message for want of
+// budget.
+func TestReadHonoursTheBoundOnLowerPriorities(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewRedis(t)
+	w := New(Config{Namespace: env.Namespace, WorkerID: "w1", Queues: []string{"default"}, Concurrency: 8}, env.Redis, nil, nil, nil)
+	n := stream.NewNames(env.Namespace)
+	read := func(tenant uuid.UUID, want int, capArg string) ([]string, bool) {
+		r := w.readGrants(context.Background(), "default", []grant{{id: tenant, route: tenantShards{tenant: tenant, shards: 1, weight: 1}, n: want, capArg: capArg}})[0]
+		var nodes []string
+		for _, m := range r.msgs {
+			nodes = append(nodes, m.Node)
+		}
+		return nodes, r.capped
+	}
+	now := time.Now()
+
+	a := uuid.New()
+	for i := range 5 {
+		addAt(t, env, n, a, 0, -2, now.Add(-time.Minute), i)
+	}
+	addAt(t, env, n, a, 0, 2, now, 0)
+	got, capped := read(a, 4, "2 1")
+	assert.Equal(t, []string{"p2", "p-2"}, got, "the top, and one below it")
+	assert.True(t, capped)
+	got, capped = read(a, 4, "2 0")
+	assert.Empty(t, got)
+	assert.True(t, capped, "messages below the top were left")
+	got, capped = read(a, 8, "")
+	assert.Len(t, got, 4, "unbounded: the rest")
+	assert.False(t, capped)
+	got, capped = read(a, 8, "2 0")
+	assert.Empty(t, got)
+	assert.False(t, capped, "nothing left to read")
+
+	// Only priority 0 in use, the top (read lately) above it.
+	b := uuid.New()
+	for i := range 3 {
+		addAt(t, env, n, b, 0, 0, now, i)
+	}
+	got, capped = read(b, 8, "1 2")
+	assert.Len(t, got, 2)
+	assert.True(t, capped)
+	got, capped = read(b, 8, "0 0")
+	assert.Len(t, got, 1, "the top is 0 itself: not bounded")
+	assert.False(t, capped)
 }

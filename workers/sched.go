@@ -52,7 +52,10 @@ type queueSched struct {
 	hot      map[uuid.UUID]*tenantSched
 	capacity int // the worker's slots
 	reserve  int // slots no single tenant takes while others have work
-	seq      int // numbers tenants in the order they became known
+	// prioReserve: slots a tenant's lower priorities leave to its higher
+	// ones while those have work (priorityCap)
+	prioReserve int
+	seq         int // numbers tenants in the order they became known
 }
 
 // A tenant is ready while it may have unread messages: when first known,
@@ -66,8 +69,12 @@ type tenantSched struct {
 	seq   int
 	score int
 	ready bool
-	// inUse counts the worker's slots holding this tenant's messages.
-	inUse int
+	// inUse counts the worker's slots holding this tenant's messages;
+	// byPrio splits it by the messages' priority, and prioAt is when a
+	// message of each priority was last read (see priorityCap).
+	inUse  int
+	byPrio [prioLevels]int
+	prioAt [prioLevels]time.Time
 	// lastWork is when the tenant last had work to read.
 	lastWork time.Time
 	// wakes counts wake-ups naming the tenant, so a wake-up that raced a
@@ -97,6 +104,9 @@ type grant struct {
 	n     int
 	held  []stream.Message
 	wakes uint64
+	// capArg bounds the messages below the tenant's top priority the read
+	// may take ("<top> <budget>"; empty for no bound), see priorityCap.
+	capArg string
 }
 
 const (
@@ -112,7 +122,71 @@ const (
 
 func newQueueSched(capacity int) *queueSched {
 	return &queueSched{tenants: map[uuid.UUID]*tenantSched{}, live: map[uuid.UUID]*tenantSched{}, hot: map[uuid.UUID]*tenantSched{},
-		capacity: capacity, reserve: capacity / 8}
+		capacity: capacity, reserve: capacity / 8, prioReserve: prioReserveOf(capacity)}
+}
+
+// prioLevels is the number of task priorities.
+const prioLevels = stream.MaxPriority - stream.MinPriority + 1
+
+// prioIndex is a priority's index in byPrio and prioAt.
+func prioIndex(p int) int {
+	return min(max(p, stream.MinPriority), stream.MaxPriority) - stream.MinPriority
+}
+
+// prioReserveOf is how many of a worker's slots a tenant's lower
+// priorities leave to its higher ones while those have work: an eighth,
+// at least one on a worker of two slots or more.
+func prioReserveOf(capacity int) int {
+	if capacity < 2 {
+		return 0
+	}
+	return max(capacity/8, 1)
+}
+
+// priorityCap is the bound a tenant's reads take for its priorities: a
+// tenant whose top priority (the highest with tasks running here or read
+// in the last recentWork) is above others keeps prioReserve of the
+// worker's slots free of the lower ones, so that its next top-priority
+// task finds a slot at once instead of waiting for a long low-priority
+// step to end. It returns the top priority and how many more messages
+// below it the tenant may take now, or ok false when nothing is bounded
+// (one priority in use, or no reserve). Caller holds mu.
+func (q *queueSched) priorityCap(ts *tenantSched, now time.Time) (top, budget int, ok bool) {
+	if q.prioReserve == 0 {
+		return 0, 0, false
+	}
+	topIdx := -1
+	for i := prioLevels - 1; i >= 0; i-- {
+		if ts.byPrio[i] > 0 || (!ts.prioAt[i].IsZero() && now.Sub(ts.prioAt[i]) < recentWork) {
+			topIdx = i
+			break
+		}
+	}
+	if topIdx <= 0 {
+		return 0, 0, false // nothing seen, or only the lowest priority
+	}
+	below := 0
+	for i := range topIdx {
+		below += ts.byPrio[i]
+	}
+	return topIdx + stream.MinPriority, max(q.capacity-q.prioReserve-below, 0), true
+}
+
+// counted records the priorities of messages a tenant's slots took now.
+// Caller holds mu.
+func (ts *tenantSched) counted(prios []int, now time.Time) {
+	for _, p := range prios {
+		i := prioIndex(p)
+		ts.byPrio[i]++
+		ts.prioAt[i] = now
+	}
+}
+
+// uncount gives back one of a tenant's slots of priority p. Caller holds mu.
+func (ts *tenantSched) uncount(p int) {
+	if i := prioIndex(p); ts.byPrio[i] > 0 {
+		ts.byPrio[i]--
+	}
 }
 
 // ensure returns a tenant's state, creating it ready. Caller holds mu.
@@ -199,23 +273,40 @@ func (q *queueSched) forget(cutoff float64) {
 	}
 }
 
-// took counts slots given to a tenant's messages outside a plan (reclaimed
-// messages).
-func (q *queueSched) took(id uuid.UUID, n int) {
+// took counts a slot given to a tenant's message of priority prio outside
+// a plan (a reclaimed message).
+func (q *queueSched) took(id uuid.UUID, prio int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	ts := q.ensure(tenantShards{tenant: id, shards: 1})
-	ts.inUse += n
+	ts.inUse++
+	ts.counted([]int{prio}, time.Now())
 	ts.settled = false
 	q.hot[id] = ts
 }
 
-// release returns one of a tenant's slots.
-func (q *queueSched) release(id uuid.UUID) {
+// release returns one of a tenant's slots, which held a task of priority
+// prio.
+func (q *queueSched) release(id uuid.UUID, prio int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if ts := q.tenants[id]; ts != nil && ts.inUse > 0 {
 		ts.inUse--
+		ts.uncount(prio)
+	}
+}
+
+// reprioritise moves one of a tenant's slots from a task of priority from
+// to the next task it runs (an eager lease), of priority to.
+func (q *queueSched) reprioritise(id uuid.UUID, from, to int) {
+	if from == to {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ts := q.tenants[id]; ts != nil {
+		ts.uncount(from)
+		ts.counted([]int{to}, time.Now())
 	}
 }
 
@@ -383,33 +474,40 @@ func (q *queueSched) plan(free int, now time.Time, skip map[uuid.UUID]bool) []gr
 		n := taken[ts]
 		k := min(n, len(ts.held))
 		g := grant{id: ts.route.tenant, route: ts.route, n: n, held: append([]stream.Message(nil), ts.held[:k]...), wakes: ts.wakes}
+		if top, budget, ok := q.priorityCap(ts, now); ok {
+			g.capArg = fmt.Sprintf("%d %d", top, budget)
+		}
 		ts.held = ts.held[k:]
 		out = append(out, g)
 	}
 	return out
 }
 
-// settle records what a grant got: the quota it used and, when the tenant
-// had less to read than it was granted, that it banks no positive score
-// and, unless woken meanwhile, goes dormant.
-func (q *queueSched) settle(g grant, got int, now time.Time) {
+// settle records what a grant got (the priorities of the messages read):
+// the quota it used and, when the tenant had less to read than it was
+// granted, that it banks no positive score and, unless woken meanwhile or
+// capped (its read stopped at the bound of its lower priorities, so it
+// has more to read), goes dormant.
+func (q *queueSched) settle(g grant, prios []int, capped bool, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	ts := q.tenants[g.id]
 	if ts == nil {
 		return
 	}
+	got := len(prios)
 	if ts.free > 0 {
 		ts.free = max(ts.free-got, 0)
 	}
 	ts.inUse += got
+	ts.counted(prios, now)
 	if got > 0 {
 		ts.settled = false
 		q.heat(ts, now)
 	}
 	if got < g.n {
 		ts.score = min(ts.score, 0)
-		if ts.wakes == g.wakes {
+		if ts.wakes == g.wakes && !capped {
 			ts.ready = false
 			if len(ts.held) == 0 {
 				delete(q.live, g.id)
@@ -535,6 +633,10 @@ func (w *Worker) discoverLoop(ctx context.Context) {
 func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 	qs := w.scheds[queue]
 	for ctx.Err() == nil {
+		select { // a task ending from here on is seen below
+		case <-w.ended:
+		default:
+		}
 		free := w.takeSlots(w.cfg.Concurrency)
 		if free == 0 {
 			select { // every slot is busy: wait for one to free
@@ -543,7 +645,7 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 			}
 			continue
 		}
-		got := w.fill(ctx, execCtx, queue, qs, &free)
+		got, capped := w.fill(ctx, execCtx, queue, qs, &free)
 		for range free {
 			w.releaseSlot()
 		}
@@ -554,9 +656,16 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 		if next := qs.nextUnblock(); !next.IsZero() {
 			wait = min(wait, max(time.Until(next), time.Millisecond))
 		}
+		// A capped tenant may read more when one of the worker's tasks
+		// ends (its lower priorities hold fewer slots then).
+		var ended <-chan struct{}
+		if capped {
+			ended = w.ended
+		}
 		select {
 		case <-ctx.Done():
 		case <-w.wakes[queue]:
+		case <-ended:
 		case <-time.After(wait):
 		}
 	}
@@ -564,11 +673,13 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 
 // fill hands free slots to tenants as the scheduler plans them: each round
 // reads every granted tenant in one pipelined round trip, and hands what
-// it read to one lease call off the loop (its slots are already taken). A tenant that had less to read than its grant is left out of
-// the rest of the fill, and its unused slots are planned again among the
-// others.
-func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched, free *int) int {
-	got := 0
+// it read to one lease call off the loop (its slots are already taken). A
+// tenant that had less to read than its grant is left out of the rest of
+// the fill, and its unused slots are planned again among the others. It
+// reports how many messages it took, and whether a tenant's read stopped
+// at the bound of its lower priorities (capped: a task ending may let it
+// read more).
+func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched, free *int) (got int, capped bool) {
 	var skip map[uuid.UUID]bool
 	for *free > 0 && ctx.Err() == nil {
 		grants := qs.plan(*free, time.Now(), skip)
@@ -579,8 +690,13 @@ func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched
 		now := time.Now()
 		var round []stream.Message
 		for i, g := range grants {
-			msgs := batches[i]
-			qs.settle(g, len(msgs), now)
+			msgs := batches[i].msgs
+			prios := make([]int, len(msgs))
+			for j, m := range msgs {
+				prios[j] = stream.KeyPriority(m.Stream)
+			}
+			qs.settle(g, prios, batches[i].capped, now)
+			capped = capped || batches[i].capped
 			if len(msgs) < g.n {
 				if skip == nil {
 					skip = map[uuid.UUID]bool{}
@@ -599,7 +715,7 @@ func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched
 		w.running.Add(1)
 		go func() { defer w.running.Done(); w.dispatch(execCtx, round) }()
 	}
-	return got
+	return got, capped
 }
 
 // keepHeld re-claims held messages to this worker without counting a

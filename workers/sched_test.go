@@ -45,7 +45,7 @@ func serve(q *queueSched, slots, perFill int, backlog map[uuid.UUID]int) (map[uu
 					take = min(g.n, b)
 					backlog[g.id] -= take
 				}
-				q.settle(g, take, now)
+				q.settle(g, make([]int, take), false, now)
 				if take < g.n {
 					skip[g.id] = true
 				}
@@ -125,7 +125,7 @@ func TestSchedLeavesAnEmptyTenantAloneUntilItPublishes(t *testing.T) {
 			if g.id == quiet {
 				took = 0
 			}
-			q.settle(g, took, at)
+			q.settle(g, make([]int, took), false, at)
 		}
 	}
 	for i := range 1000 {
@@ -154,7 +154,7 @@ func TestSchedLeavesAnEmptyTenantAloneUntilItPublishes(t *testing.T) {
 	gs := q.plan(1, now.Add(5000*time.Second), map[uuid.UUID]bool{busy: true})
 	require.Len(t, gs, 1)
 	q.woke(route, 0)
-	q.settle(gs[0], 0, now.Add(5000*time.Second))
+	q.settle(gs[0], make([]int, 0), false, now.Add(5000*time.Second))
 	gs = q.plan(1, now.Add(5000*time.Second), map[uuid.UUID]bool{busy: true})
 	assert.Len(t, gs, 1, "still eligible: woken after its read")
 }
@@ -182,7 +182,7 @@ func TestSchedCostIsFlatInDormantTenants(t *testing.T) {
 			if g.id == busy {
 				took = g.n
 			}
-			q.settle(g, took, now)
+			q.settle(g, make([]int, took), false, now)
 			skip[g.id] = true
 		}
 	}
@@ -192,7 +192,7 @@ func TestSchedCostIsFlatInDormantTenants(t *testing.T) {
 		require.Len(t, gs, 1)
 		assert.Equal(t, busy, gs[0].id)
 		assert.Equal(t, 16, gs[0].n, "the busy tenant gets every slot")
-		q.settle(gs[0], 0, now.Add(time.Minute))
+		q.settle(gs[0], make([]int, 0), false, now.Add(time.Minute))
 		q.woke(tenantShards{tenant: busy, shards: 1, weight: 1}, 0)
 	}
 }
@@ -219,7 +219,7 @@ func TestSchedSettlesOnlyWhatDidNotPublish(t *testing.T) {
 	q.observe(tenantShards{tenant: a, shards: 2, weight: 1}, 42)
 	require.Len(t, q.unsettled(), 1, "a new score in the active set")
 	q.settleEmpty(q.unsettled()[0])
-	q.took(a, 1)
+	q.took(a, 0)
 	assert.Len(t, q.unsettled(), 1, "a reclaimed message of the tenant runs here")
 }
 
@@ -281,7 +281,7 @@ func TestSchedKeepsSlotsForOthers(t *testing.T) {
 				if g.id == light && !lightHasWork {
 					n, skip[light] = 0, true
 				}
-				q.settle(g, n, at)
+				q.settle(g, make([]int, n), false, at)
 				got[g.id] += n
 				free -= n
 			}
@@ -290,7 +290,7 @@ func TestSchedKeepsSlotsForOthers(t *testing.T) {
 	}
 	assert.Equal(t, 32, take(now, false)[heavy], "alone: every slot")
 	for range 32 {
-		q.release(heavy)
+		q.release(heavy, 0)
 	}
 	free = 32
 	q.woke(tenantShards{tenant: light, shards: 1, weight: 1}, 0)
@@ -298,7 +298,7 @@ func TestSchedKeepsSlotsForOthers(t *testing.T) {
 	assert.Equal(t, 28, got[heavy], "four slots kept while the light tenant has work")
 	assert.Equal(t, 4, got[light])
 	for range 4 {
-		q.release(light)
+		q.release(light, 0)
 	}
 	free = 4
 	assert.Equal(t, 0, take(time.Now(), false)[heavy], "the kept slots stay free for the light tenant")
@@ -319,7 +319,7 @@ func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
 	now := time.Now()
 	assert.False(t, q.mayKeep(a, now), "unknown tenant")
 	q.learn(tenantShards{tenant: a, shards: 1, weight: 1})
-	q.took(a, 1)
+	q.took(a, 0)
 	assert.True(t, q.mayKeep(a, now), "alone")
 
 	q.learn(tenantShards{tenant: b, shards: 1, weight: 1})
@@ -327,9 +327,9 @@ func TestSchedMayKeepOnlyWhileAlone(t *testing.T) {
 	q.woke(tenantShards{tenant: b, shards: 1, weight: 1}, 0)
 	assert.False(t, q.mayKeep(a, time.Now()), "another tenant was just woken")
 	assert.True(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "quiet long enough")
-	q.took(b, 1)
+	q.took(b, 0)
 	assert.False(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "another tenant's task runs here")
-	q.release(b)
+	q.release(b, 0)
 
 	q.hold(stream.Message{Tenant: a})
 	assert.False(t, q.mayKeep(a, time.Now().Add(recentWork+time.Second)), "quota-bounced messages wait first")
@@ -345,7 +345,7 @@ func TestEagerOfferRules(t *testing.T) {
 	a := uuid.New()
 	m := stream.Message{Queue: "default", Tenant: a}
 	w.scheds["default"].learn(tenantShards{tenant: a, shards: 1, weight: 1})
-	w.scheds["default"].took(a, 1)
+	w.scheds["default"].took(a, 0)
 
 	o := w.eagerOffer(m, time.Now())
 	require.NotNil(t, o)
@@ -382,4 +382,49 @@ func TestSchedQuiet(t *testing.T) {
 	assert.True(t, q.quiet(time.Now().Add(recentWork+time.Second)))
 	q.hold(stream.Message{Tenant: b})
 	assert.False(t, q.quiet(time.Now().Add(recentWork+time.Second)), "held messages wait")
+}
+
+// TestPriorityCapLeavesAReserveToTheTopPriority: while a tenant's highest
+// priority has tasks here or was read lately, its lower priorities get at
+// most capacity - prioReserve of the worker's slots; the bound lifts when
+// the top priority has been quiet for recentWork, and a tenant with one
+// priority is never bounded.
+func TestPriorityCapLeavesAReserveToTheTopPriority(t *testing.T) {
+	q := newQueueSched(16)
+	require.Equal(t, 2, q.prioReserve)
+	a := uuid.New()
+	now := time.Now()
+	q.learn(tenantShards{tenant: a, shards: 1, weight: 1})
+	capOf := func(at time.Time) string {
+		gs := q.plan(1, at, nil)
+		require.Len(t, gs, 1)
+		return gs[0].capArg
+	}
+	assert.Empty(t, capOf(now), "nothing read yet")
+	q.settle(grant{id: a, n: 8}, []int{-2, -2, -2, -2, -2, -2, -2, -2}, false, now)
+	assert.Empty(t, capOf(now), "one priority in use: the whole worker")
+	q.settle(grant{id: a, n: 1}, []int{2}, false, now)
+	assert.Equal(t, "2 6", capOf(now), "16 slots - 2 reserved - 8 below the top")
+	q.release(a, 2)
+	assert.Equal(t, "2 6", capOf(now.Add(recentWork-time.Second)), "the top priority was read lately")
+	assert.Empty(t, capOf(now.Add(recentWork+time.Second)), "quiet for recentWork: the bound lifts")
+	later := now.Add(recentWork + time.Second)
+	q.settle(grant{id: a, n: 1}, []int{0}, false, later)
+	assert.Equal(t, "0 6", capOf(later), "priority 0 above -2: the bound is for -2 only")
+	for range 8 {
+		q.release(a, -2)
+	}
+	assert.Equal(t, "0 14", capOf(later))
+	now = later
+
+	// A capped read keeps the tenant ready: it has more to read.
+	ready := func() bool { q.mu.Lock(); defer q.mu.Unlock(); return q.tenants[a].ready }
+	q.settle(grant{id: a, n: 4, wakes: q.tenants[a].wakes}, nil, true, now)
+	assert.True(t, ready(), "capped, not empty")
+	q.settle(grant{id: a, n: 4, wakes: q.tenants[a].wakes}, nil, false, now)
+	assert.False(t, ready(), "a short read that was not capped makes it dormant")
+
+	assert.Equal(t, 0, prioReserveOf(1))
+	assert.Equal(t, 1, prioReserveOf(4))
+	assert.Equal(t, 4, prioReserveOf(32))
 }

@@ -163,6 +163,7 @@ type Worker struct {
 
 	slots chan struct{} // one token per busy slot
 	freed chan struct{} // pinged when a slot frees
+	ended chan struct{} // pinged when a task's slot frees (not a read's unused one)
 
 	mu       sync.Mutex
 	inflight map[uuid.UUID]*execution
@@ -208,7 +209,7 @@ func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[strin
 	}
 	w := &Worker{cfg: cfg, rdb: rdb, names: stream.NewNames(cfg.Namespace), api: api, exec: executors,
 		log: log.With(zap.String("worker_id", cfg.WorkerID)), slots: make(chan struct{}, cfg.Concurrency),
-		freed: make(chan struct{}, 1), inflight: map[uuid.UUID]*execution{}, wakes: map[string]chan struct{}{},
+		freed: make(chan struct{}, 1), ended: make(chan struct{}, 1), inflight: map[uuid.UUID]*execution{}, wakes: map[string]chan struct{}{},
 		scheds: map[string]*queueSched{}}
 	for _, q := range cfg.Queues {
 		w.wakes[q] = make(chan struct{}, 1)
@@ -283,12 +284,17 @@ func (w *Worker) takeSlots(n int) int {
 	return got
 }
 
-// releaseFor returns the slot a message held.
-func (w *Worker) releaseFor(m stream.Message) {
+// releaseFor returns the slot a message held (its task was of priority
+// prio).
+func (w *Worker) releaseFor(m stream.Message, prio int) {
 	if s := w.scheds[m.Queue]; s != nil {
-		s.release(m.Tenant)
+		s.release(m.Tenant, prio)
 	}
 	w.releaseSlot()
+	select {
+	case w.ended <- struct{}{}:
+	default:
+	}
 }
 
 func (w *Worker) releaseSlot() {
@@ -359,12 +365,26 @@ func (w *Worker) wake(queue string) {
 // all empty (every message settled) leaves the set; the enqueuer adds it
 // again after its next message. A stream without the group (Redis lost its
 // data and the enqueuer re-created the stream) gets it, from the start,
-// and is read at once; a missing stream is empty. It returns {key,
+// and is read at once; a missing stream is empty. ARGV[5], when not
+// empty, is "<top> <budget>": at most budget messages of priorities below
+// top are taken (the worker's reserve for the tenant's top priority, see
+// queueSched.priorityCap), and a read that left such a message for want
+// of budget ends its answer with {"", 1} (capped). It returns {key,
 // entries} per read that answered, or {key, error} for one that failed.
 var readScript = redis.NewScript(`
 local want = tonumber(ARGV[3])
 local aging = tonumber(ARGV[4])
 local out = {}
+local top, budget = nil, 0
+if ARGV[5] ~= '' then
+  local a, b = string.match(ARGV[5], '^(-?%d+) (%d+)$')
+  top, budget = tonumber(a), tonumber(b)
+end
+local capped = false
+local function finish()
+  if capped then out[#out + 1] = {'', 1} end
+  return out
+end
 local function read(i, n)
   local res = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', n, 'STREAMS', KEYS[i], '>')
   if type(res) == 'table' and res.err and string.find(res.err, 'NOGROUP', 1, true) then
@@ -387,14 +407,30 @@ for _, p in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if p ~= '0' then inuse[p] = true; levels = levels + 1 end
 end
 if levels == 0 then
+  local bounded = top ~= nil and top > 0
   for i = 2, #KEYS do
     if want <= 0 then break end
     if ARGV[4 + i] == '0' then
-      local got = read(i, want)
-      if got then want = want - #got end
+      local n = want
+      if bounded then
+        if budget <= 0 then
+          if redis.call('XLEN', KEYS[i]) > 0 then capped = true end
+          n = 0
+        else
+          n = math.min(n, budget)
+        end
+      end
+      if n > 0 then
+        local got = read(i, n)
+        if got then
+          want = want - #got
+          if bounded then budget = budget - #got end
+          if bounded and budget <= 0 and want > 0 and #got == n then capped = true end
+        end
+      end
     end
   end
-  return out
+  return finish()
 end
 local live = {}
 for i = 2, #KEYS do
@@ -424,12 +460,16 @@ while want > 0 do
   local best, bv = nil, nil
   for _, i in ipairs(live) do
     local v = heads[i]
+    if v and top ~= nil and budget <= 0 and tonumber(ARGV[4 + i]) < top then
+      capped, v = true, nil
+    end
     if v and (bv == nil or v < bv) then best, bv = i, v end
   end
   if best == nil then break end
   local got = read(best, 1)
   if got and #got > 0 then
     want = want - 1
+    if top ~= nil and tonumber(ARGV[4 + best]) < top then budget = budget - 1 end
     heads[best] = vtime(best, got[#got][1])
   else
     heads[best] = nil
@@ -442,12 +482,20 @@ for _, i in ipairs(live) do
   if empty[p] and redis.call('XLEN', KEYS[i]) > 0 then empty[p] = nil end
 end
 for p in pairs(empty) do redis.call('SREM', KEYS[1], p) end
-return out
+return finish()
 `)
+
+// readResult is what one grant's read got: its messages, and whether the
+// read stopped at the bound on the tenant's lower priorities with more
+// of them to read.
+type readResult struct {
+	msgs   []stream.Message
+	capped bool
+}
 
 // readGrants reads what each grant may still take (its held messages
 // first) from its tenant's shards: all grants in one pipelined round trip.
-func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [][]stream.Message {
+func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) []readResult {
 	pipe := w.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(grants))
 	for i, g := range grants {
@@ -467,7 +515,7 @@ func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [
 		}
 		keys := append([]string{w.names.Priorities(g.id, queue)}, streams...)
 		args := make([]any, 0, 4+len(keys))
-		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds(), "")
+		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds(), g.capArg)
 		for _, k := range streams {
 			args = append(args, stream.KeyPriority(k))
 		}
@@ -476,26 +524,28 @@ func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
 	}
-	out := make([][]stream.Message, len(grants))
+	out := make([]readResult, len(grants))
 	for i, g := range grants {
-		out[i] = g.held
+		out[i].msgs = g.held
 		if cmds[i] != nil {
-			out[i] = append(out[i], w.collectRead(ctx, cmds[i])...)
+			msgs, capped := w.collectRead(ctx, cmds[i])
+			out[i].msgs = append(out[i].msgs, msgs...)
+			out[i].capped = capped
 		}
 	}
 	return out
 }
 
-// collectRead decodes one readScript answer.
-func (w *Worker) collectRead(ctx context.Context, c *redis.Cmd) []stream.Message {
+// collectRead decodes one readScript answer: the messages, and whether the
+// read was capped.
+func (w *Worker) collectRead(ctx context.Context, c *redis.Cmd) (out []stream.Message, capped bool) {
 	res, err := c.Slice()
 	if err != nil {
 		if err != redis.Nil && ctx.Err() == nil {
 			w.log.Warn("reading streams failed", zap.Error(err))
 		}
-		return nil
+		return nil, false
 	}
-	var out []stream.Message
 	for _, r := range res {
 		pair, _ := r.([]any)
 		if len(pair) != 2 {
@@ -507,11 +557,13 @@ func (w *Worker) collectRead(ctx context.Context, c *redis.Cmd) []stream.Message
 			if ctx.Err() == nil {
 				w.log.Warn("reading stream failed", zap.String("stream", key), zap.String("error", v))
 			}
+		case int64:
+			capped = capped || (key == "" && v == 1)
 		case []any:
 			w.collect(ctx, key, entries(v), &out)
 		}
 	}
-	return out
+	return out, capped
 }
 
 // entries decodes stream entries from a script's answer.
@@ -602,7 +654,7 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 		w.log.Warn("acquiring leases failed; the messages go back to their streams", zap.Int("messages", len(msgs)), zap.Error(err))
 		w.putBack(context.WithoutCancel(execCtx), msgs)
 		for _, m := range msgs {
-			w.releaseFor(m)
+			w.releaseFor(m, stream.KeyPriority(m.Stream))
 		}
 		return
 	}
@@ -625,7 +677,7 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 		default:
 			dropped = append(dropped, m)
 		}
-		w.releaseFor(m)
+		w.releaseFor(m, stream.KeyPriority(m.Stream))
 	}
 	w.ack(execCtx, dropped...)
 }
@@ -705,7 +757,8 @@ func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Leas
 	w.running.Add(1)
 	go func() {
 		defer w.running.Done()
-		defer w.releaseFor(m) // an eager lease is on m's queue, of m's tenant
+		prio := stream.KeyPriority(m.Stream)
+		defer func() { w.releaseFor(m, prio) }() // an eager lease is on m's queue, of m's tenant
 		cur, since := m, time.Now()
 		for {
 			next := w.execute(ctx, execCtx, cur, t, since)
@@ -717,6 +770,10 @@ func (w *Worker) start(execCtx context.Context, m stream.Message, l taskapi.Leas
 				Type: next.NodeType, Attempt: next.Attempt, TraceParent: next.TraceParent}
 			w.eagerStarts.Add(1)
 			ctx, t, done = w.hold(execCtx, cur, *next)
+			if s := w.scheds[m.Queue]; s != nil {
+				s.reprioritise(m.Tenant, prio, t.Config.Priority)
+			}
+			prio = t.Config.Priority
 		}
 	}()
 }
@@ -1100,7 +1157,7 @@ func (w *Worker) reclaim(ctx, execCtx context.Context, key string) {
 		free -= len(run)
 		for _, m := range run {
 			if s := w.scheds[m.Queue]; s != nil {
-				s.took(m.Tenant, 1)
+				s.took(m.Tenant, stream.KeyPriority(m.Stream))
 			}
 		}
 		w.dispatch(execCtx, run)
