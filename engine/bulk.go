@@ -360,7 +360,9 @@ type BulkRunner struct {
 	Owner string
 	// Batch bounds the runs of one batch (default BulkBatch).
 	Batch int
-	// Parallel bounds the runs of a batch changed at once (default 2).
+	// Parallel bounds the runs of a batch changed at once (default 1: a
+	// bulk job is background work, and each run it changes at once takes
+	// a share of the database from every tenant's live work).
 	Parallel int
 	// Lease is how long a claimed job is this runner's (default 30s).
 	Lease time.Duration
@@ -390,7 +392,7 @@ func (b *BulkRunner) init() {
 			b.Batch = BulkBatch
 		}
 		if b.Parallel <= 0 {
-			b.Parallel = 2
+			b.Parallel = 1
 		}
 		if b.Lease <= 0 {
 			b.Lease = 30 * time.Second

@@ -259,7 +259,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Enqueuer = outbox.New(d.DB, d.Cfg.SystemDatabaseURL, d.Redis, stream.NewNames(d.Cfg.RedisNamespace),
 		outbox.Config{PollInterval: d.Cfg.OutboxPollInterval}, d.Log.Named("outbox"))
 	var sweeper *engine.Sweeper
-	bulk := &engine.BulkRunner{DB: d.DB, Log: d.Log.Named("bulk"), OnProgress: s.Live.PublishOp}
+	bulk := &engine.BulkRunner{DB: d.DB, Log: d.Log.Named("bulk"), Parallel: d.Cfg.BulkParallel, OnProgress: s.Live.PublishOp}
 	slots := tenants.NewSlots(d.Redis, d.Cfg.RedisNamespace, func(err error) {
 		d.Log.Warn("quota permits lapse with the lease TTL instead", zap.Error(err))
 	})

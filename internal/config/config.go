@@ -86,6 +86,9 @@ type Config struct {
 	MaxDeliveries int
 	// ShutdownTimeout is how long in-flight work may finish on shutdown.
 	ShutdownTimeout time.Duration
+	// BulkParallel is how many runs a server's bulk-operation runner
+	// changes at once.
+	BulkParallel int
 
 	// JWTIssuer and JWTAudience must appear in every user token.
 	JWTIssuer, JWTAudience string
@@ -148,6 +151,7 @@ const (
 	DefaultOutboxPollInterval  = time.Second
 	DefaultWebhookTimeout      = 10 * time.Second
 	DefaultWebhookDisableAfter = 5 * 24 * time.Hour
+	DefaultBulkParallel        = 1
 )
 
 // DefaultClaimIdle is the claim idle of a lease TTL: twice it, so a
@@ -169,6 +173,7 @@ func Defaults() Config {
 		ClaimIdle:            DefaultClaimIdle(DefaultLeaseTTL),
 		MaxDeliveries:        DefaultMaxDeliveries,
 		ShutdownTimeout:      DefaultShutdownTimeout,
+		BulkParallel:         DefaultBulkParallel,
 		HTTPAddr:             "127.0.0.1:8080",
 		AdminAddr:            "127.0.0.1:9090",
 		ServerURL:            "http://127.0.0.1:8080",
@@ -210,6 +215,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.boolean("COMPOSER_WORKER_EAGER", &c.WorkerEager)
 	p.integer("COMPOSER_MAX_DELIVERIES", &c.MaxDeliveries, 1, 1000)
 	p.duration("COMPOSER_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 0)
+	p.integer("COMPOSER_BULK_PARALLEL", &c.BulkParallel, 1, 64)
 	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
 	p.str("COMPOSER_ADMIN_ADDR", &c.AdminAddr)
 	p.url("COMPOSER_SERVER_URL", &c.ServerURL, "http", "https")
