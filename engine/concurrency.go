@@ -318,12 +318,31 @@ func (c *Coordinator) WorkflowKeys(ctx context.Context, tx *pg.Tx, workflow uuid
 // and its outbox row is due at notBefore with a slot, held ('infinity')
 // without. The key, its limit and the slot live on the task row, written
 // earlier in the same batch, so each statement reads them there.
+//
+// A task that found no slot under a cancel strategy acts at once, through
+// due cancel timers (no other run is locked here, as for a run's key):
+// cancel_newest cancels its own run; cancel_in_progress cancels the runs
+// of the key's other pending or running tasks beyond Limit-1, the oldest
+// first, and waits (held) for the first slot their ends free — a waiting
+// task older than it is cancelled too, so the slot is its own.
 func (p *persister) dispatchKeyed(n *dag.Node, node string, t taskRef, attempt int, notBefore time.Time, priority int) {
 	tenant := p.tx.Tenant
 	p.exec(qLockTaskKey, tenant, p.runID, t.id)
 	p.exec(qTakeSlot, tenant, p.runID, t.id)
 	p.exec(qInsertKeyedOutbox, tenant, n.QueueName(), p.runID, t.id, node, string(n.Type), n.HandlerName(), attempt, p.traceparent, notBefore,
 		priority)
+	switch n.Concurrency.StrategyName() {
+	case dag.ConcurrencyCancelNewest:
+		detail, _ := json.Marshal(map[string]string{"reason": fmt.Sprintf(
+			"step %s found its concurrency key at its limit of %d (cancel_newest)", node, n.Concurrency.Limit)})
+		p.exec(qCancelNewestStep, tenant, p.runID, t.id, detail)
+		p.wakeTimers = true
+	case dag.ConcurrencyCancelInProgress:
+		detail, _ := json.Marshal(map[string]string{"reason": fmt.Sprintf(
+			"superseded by a newer run at step %s of its concurrency key (cancel_in_progress)", node)})
+		p.exec(qSupersedeSteps, tenant, p.runID, t.id, detail)
+		p.wakeTimers = true
+	}
 }
 
 // releaseSlot gives back the slot of a keyed step's task that ends, drops
@@ -355,6 +374,23 @@ const (
 			       CASE WHEN t.concurrency_slot THEN $10::timestamptz ELSE 'infinity' END, $11
 			  FROM task_instances t WHERE t.tenant_id = $1 AND t.run_id = $3 AND t.id = $4`
 	qDropHeldOutbox = `DELETE FROM outbox WHERE tenant_id = $1 AND task_id = $2 AND next_attempt_at = 'infinity'`
+	// A keyed task that got no slot (cancel_newest): its own run is
+	// cancelled.
+	qCancelNewestStep = `INSERT INTO timers (tenant_id, run_id, kind, fire_at, detail)
+			SELECT tenant_id, run_id, 'cancel', now(), $4 FROM task_instances
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND concurrency_key IS NOT NULL AND NOT concurrency_slot`
+	// A keyed task that got no slot (cancel_in_progress): the runs of the
+	// key's other live tasks, newest first, beyond the Limit-1 that may
+	// stay, are cancelled.
+	qSupersedeSteps = `INSERT INTO timers (tenant_id, run_id, kind, fire_at, detail)
+			SELECT $1, o.run_id, 'cancel', now(), $4 FROM (
+			  SELECT h.run_id, max(h.created_at) AS at FROM task_instances h, task_instances t
+			   WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.concurrency_key IS NOT NULL AND NOT t.concurrency_slot
+			     AND h.tenant_id = t.tenant_id AND h.concurrency_key = t.concurrency_key AND h.state IN ('pending', 'running')
+			     AND h.run_id <> t.run_id
+			   GROUP BY h.run_id) o
+			 ORDER BY o.at DESC, o.run_id DESC
+			OFFSET (SELECT concurrency_limit - 1 FROM task_instances WHERE tenant_id = $1 AND run_id = $2 AND id = $3)`
 	// The ended task is no longer pending or running (its UPDATE came first
 	// in the batch), so its slot is free to grant.
 	qGrantSlots = `WITH k AS (

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
@@ -231,4 +232,53 @@ func TestAStepConcurrencyKeyHoldsTasksUntilASlotIsFree(t *testing.T) {
 	_, err = f.c.CancelRun(context.Background(), f.tenant, r5, "stop")
 	require.NoError(t, err)
 	assert.Zero(t, f.count(`SELECT count(*) FROM outbox WHERE run_id = $1 AND next_attempt_at = 'infinity'`, r5), "a cancelled waiting task leaves no held row")
+}
+
+// TestStepConcurrencyCancelStrategies: a step whose key is full cancels
+// its own run (cancel_newest), or cancels the runs holding or waiting for
+// the key's slots and takes the first slot their ends free
+// (cancel_in_progress); another key is not touched.
+func TestStepConcurrencyCancelStrategies(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	keyed := func(strategy string, limit int) uuid.UUID {
+		return f.workflow(fmt.Sprintf(`{"nodes": [{"id": "call", "type": "noop", "retry": {"max_attempts": 1},
+			"concurrency": {"key": "input.partner", "limit": %d, "strategy": %q}}]}`, limit, strategy))
+	}
+	reason := func(run uuid.UUID) string {
+		var r string
+		require.NoError(t, f.env.System.QueryRow(context.Background(), `SELECT coalesce(error->>'message', '') FROM workflow_runs WHERE id = $1`, run).Scan(&r))
+		return r
+	}
+	due := func(run uuid.UUID) int {
+		return f.count(`SELECT count(*) FROM outbox WHERE tenant_id = $1 AND run_id = '`+run.String()+`' AND next_attempt_at <= now()`, f.tenant)
+	}
+
+	newest := keyed("cancel_newest", 1)
+	first, second, other := f.start(newest, `{"partner": "p"}`), f.start(newest, `{"partner": "p"}`), f.start(newest, `{"partner": "q"}`)
+	f.fireTimers()
+	assert.Equal(t, []string{"running", "cancelled", "running"}, f.statuses(first, second, other))
+	assert.Contains(t, reason(second), "step call found its concurrency key at its limit of 1 (cancel_newest)")
+	assert.Equal(t, 1, due(first))
+	f.complete(first, "call", `{}`)
+	third := f.start(newest, `{"partner": "p"}`)
+	f.fireTimers()
+	assert.Equal(t, []string{"completed", "running"}, f.statuses(first, third), "the slot was free again")
+
+	inProgress := keyed("cancel_in_progress", 2)
+	a, b := f.start(inProgress, `{"partner": "p"}`), f.start(inProgress, `{"partner": "p"}`)
+	f.fireTimers()
+	assert.Equal(t, []string{"running", "running"}, f.statuses(a, b), "within the limit")
+	c := f.start(inProgress, `{"partner": "p"}`)
+	assert.Zero(t, due(c), "no slot yet: held")
+	f.fireTimers()
+	assert.Equal(t, []string{"cancelled", "running", "running"}, f.statuses(a, b, c), "the oldest beyond limit-1 is cancelled")
+	assert.Contains(t, reason(a), "superseded by a newer run at step call of its concurrency key (cancel_in_progress)")
+	assert.Equal(t, 1, due(c), "the cancelled run's slot went to the newest task")
+	assert.Equal(t, 2, f.count(`SELECT count(*) FROM task_instances WHERE tenant_id = $1 AND concurrency_slot AND state IN ('pending', 'running')
+		AND concurrency_key = $2`, f.tenant, inProgress.String()+"/call/p"), "b and c hold the key's two slots")
+
+	_, err := dag.Parse([]byte(`{"nodes": [{"id": "call", "type": "noop", "concurrency": {"key": "input.p", "limit": 1, "strategy": "drop"}}]}`))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "concurrency.strategy")
 }

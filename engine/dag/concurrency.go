@@ -143,11 +143,24 @@ func keyString(v ref.Val, src string) (string, error) {
 // `index`), Limit the slots per key. A task without a slot waits (FIFO per
 // key) before it is handed to any worker; it keeps its slot through its
 // retries and gives it back when it completes, fails or is cancelled.
+// Strategy says what a task that finds no slot does: wait (queue, the
+// default), cancel the runs of the key's other tasks beyond Limit-1, the
+// oldest first, and take the first slot they free (cancel_in_progress), or
+// cancel its own run (cancel_newest).
 type StepConcurrency struct {
-	Key   string `json:"key"`
-	Limit int    `json:"limit"`
+	Key      string `json:"key"`
+	Limit    int    `json:"limit"`
+	Strategy string `json:"strategy,omitempty"`
 
 	key *program
+}
+
+// StrategyName is the step's strategy or the default.
+func (c *StepConcurrency) StrategyName() string {
+	if c.Strategy == "" {
+		return ConcurrencyQueue
+	}
+	return c.Strategy
 }
 
 func (n *Node) validateStepConcurrency(ps *problems, label string) {
@@ -160,6 +173,11 @@ func (n *Node) validateStepConcurrency(ps *problems, label string) {
 	}
 	if c.Limit < 1 || c.Limit > MaxConcurrencyLimit {
 		ps.add(label, "concurrency.limit", "must be between 1 and %d", MaxConcurrencyLimit)
+	}
+	switch c.Strategy {
+	case "", ConcurrencyQueue, ConcurrencyCancelInProgress, ConcurrencyCancelNewest:
+	default:
+		ps.add(label, "concurrency.strategy", "must be %s, %s or %s", ConcurrencyQueue, ConcurrencyCancelInProgress, ConcurrencyCancelNewest)
 	}
 	switch {
 	case c.Key == "":
