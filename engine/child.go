@@ -59,7 +59,12 @@ func (p *persister) startChild(ctx context.Context, a sm.StartChild) error {
 	}
 	// The child is not what the caller asked to read back.
 	cctx := context.WithValue(ctx, readBackKey{}, (*RunView)(nil))
-	req := StartRun{WorkflowName: a.Workflow, Version: a.Version, Input: a.Input, IdempotencyKey: childKey(t.id),
+	// A child runs at its node's priority, else its parent's.
+	prio := p.priority
+	if n := p.def.wf.Node(a.NodeID); n != nil && n.Priority != nil {
+		prio = *n.Priority
+	}
+	req := StartRun{WorkflowName: a.Workflow, Version: a.Version, Input: a.Input, IdempotencyKey: childKey(t.id), Priority: prio,
 		parent: &parentLink{run: p.runID, task: t.id, node: a.NodeID, depth: p.depth + 1}}
 	s, err := p.c.startIn(cctx, p.tx, req, jsonOrEmpty(a.Input), true)
 	if err == nil {

@@ -237,7 +237,7 @@ func (c *Coordinator) fireTriggers(ctx context.Context, tx *pg.Tx, req PublishEv
 		if err != nil {
 			return nil, err
 		}
-		matched, condErr := false, error(nil)
+		matched, condErr, priority := false, error(nil), 0
 		for _, p := range positions {
 			if p >= len(def.wf.Triggers) {
 				continue
@@ -252,7 +252,7 @@ func (c *Coordinator) fireTriggers(ctx context.Context, tx *pg.Tx, req PublishEv
 				continue
 			}
 			if ok {
-				matched = true
+				matched, priority = true, tr.Priority
 				break
 			}
 		}
@@ -264,7 +264,7 @@ func (c *Coordinator) fireTriggers(ctx context.Context, tx *pg.Tx, req PublishEv
 			continue
 		}
 		r, err := c.startForEvent(ctx, tx, StartRun{WorkflowID: wid, Version: version, Input: input,
-			IdempotencyKey: EventRunKey(req.ID, wid)}, input)
+			IdempotencyKey: EventRunKey(req.ID, wid), Priority: priority}, input)
 		if err != nil {
 			return nil, err
 		}

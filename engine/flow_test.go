@@ -201,3 +201,42 @@ func TestRateLimitIsExactAcrossCoordinators(t *testing.T) {
 	assert.GreaterOrEqual(t, took.Seconds(), (n-burst)/rate*0.9, "no faster than the bucket")
 	t.Logf("%d steps in %s at %.0f/s, burst %d", n, took.Round(time.Millisecond), rate, burst)
 }
+
+// TestStartsByEventsAndParentsTakeAPriority: an event trigger's priority
+// is its runs'; a child runs at its workflow node's priority, else at its
+// parent's; a trigger priority out of range is refused with its field.
+func TestStartsByEventsAndParentsTakeAPriority(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	runPrio := func(run uuid.UUID) int {
+		var p int
+		require.NoError(t, f.env.System.QueryRow(ctx, `SELECT priority FROM workflow_runs WHERE id = $1`, run).Scan(&p))
+		return p
+	}
+	urgent := f.workflow(triggered(`[{"event": "order.created", "priority": 2}]`))
+	plain := f.workflow(triggered(`[{"event": "order.created"}]`))
+	byWorkflow := map[uuid.UUID]uuid.UUID{}
+	for _, r := range f.publish("order.created", "e1", `{}`).Runs {
+		require.Equal(t, EventRunStarted, r.Outcome)
+		byWorkflow[r.WorkflowID] = r.RunID
+	}
+	assert.Equal(t, 2, runPrio(byWorkflow[urgent]))
+	assert.Equal(t, 0, runPrio(byWorkflow[plain]))
+
+	f.namedWorkflow("leaf", `{"nodes": [{"id": "a", "type": "noop"}]}`)
+	parentWf := f.workflow(`{"nodes": [{"id": "inherit", "type": "workflow", "workflow": {"name": "leaf"}},
+		{"id": "own", "type": "workflow", "priority": -1, "workflow": {"name": "leaf"}}]}`)
+	res, err := f.c.StartRun(ctx, f.tenant, StartRun{WorkflowID: parentWf, Priority: 1})
+	require.NoError(t, err)
+	kids := map[string]uuid.UUID{}
+	for _, k := range f.childrenOf(res.RunID) {
+		kids[k.Node] = k.ID
+	}
+	assert.Equal(t, 1, runPrio(kids["inherit"]), "the parent's priority")
+	assert.Equal(t, -1, runPrio(kids["own"]), "the node's own")
+
+	_, err = dag.Parse([]byte(triggered(`[{"event": "order.created", "priority": 3}]`)))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "triggers[0].priority")
+}

@@ -365,6 +365,7 @@ type ComplexityRoot struct {
 		NextFireTimes        func(childComplexity int, count int) int
 		Overlap              func(childComplexity int) int
 		Paused               func(childComplexity int) int
+		Priority             func(childComplexity int) int
 		RecentFires          func(childComplexity int, first *int) int
 		RefusedCount         func(childComplexity int) int
 		SkippedCount         func(childComplexity int) int
@@ -2386,6 +2387,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Schedule.Paused(childComplexity), true
+	case "Schedule.priority":
+		if e.ComplexityRoot.Schedule.Priority == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Schedule.Priority(childComplexity), true
 	case "Schedule.recentFires":
 		if e.ComplexityRoot.Schedule.RecentFires == nil {
 			break
@@ -3951,6 +3958,8 @@ func (ec *executionContext) childFields_Schedule(ctx context.Context, field grap
 		return ec.fieldContext_Schedule_description(ctx, field)
 	case "overlap":
 		return ec.fieldContext_Schedule_overlap(ctx, field)
+	case "priority":
+		return ec.fieldContext_Schedule_priority(ctx, field)
 	case "catchupWindowSeconds":
 		return ec.fieldContext_Schedule_catchupWindowSeconds(ctx, field)
 	case "paused":
@@ -12181,6 +12190,29 @@ func (ec *executionContext) fieldContext_Schedule_overlap(_ context.Context, fie
 	return graphql.NewScalarFieldContext("Schedule", field, false, false, "ScheduleOverlapPolicy")
 }
 
+func (ec *executionContext) _Schedule_priority(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Schedule_priority(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Priority, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Schedule_priority(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Schedule", field, false, false, "Int")
+}
+
 func (ec *executionContext) _Schedule_catchupWindowSeconds(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -17451,7 +17483,7 @@ func (ec *executionContext) unmarshalInputCreateScheduleInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"workflowId", "workflowName", "workflowVersion", "cron", "intervalSeconds", "timeZone", "input", "metadata", "externalId", "description", "overlap", "catchupWindowSeconds", "paused"}
+	fieldsInOrder := [...]string{"workflowId", "workflowName", "workflowVersion", "cron", "intervalSeconds", "timeZone", "input", "metadata", "externalId", "description", "overlap", "priority", "catchupWindowSeconds", "paused"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -17535,6 +17567,13 @@ func (ec *executionContext) unmarshalInputCreateScheduleInput(ctx context.Contex
 				return it, err
 			}
 			it.Overlap = data
+		case "priority":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("priority"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Priority = data
 		case "catchupWindowSeconds":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("catchupWindowSeconds"))
 			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
@@ -17973,7 +18012,7 @@ func (ec *executionContext) unmarshalInputUpdateScheduleInput(ctx context.Contex
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"workflowVersion", "cron", "intervalSeconds", "timeZone", "input", "metadata", "externalId", "description", "overlap", "catchupWindowSeconds"}
+	fieldsInOrder := [...]string{"workflowVersion", "cron", "intervalSeconds", "timeZone", "input", "metadata", "externalId", "description", "overlap", "priority", "catchupWindowSeconds"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -18043,6 +18082,13 @@ func (ec *executionContext) unmarshalInputUpdateScheduleInput(ctx context.Contex
 				return it, err
 			}
 			it.Overlap = data
+		case "priority":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("priority"))
+			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Priority = data
 		case "catchupWindowSeconds":
 			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("catchupWindowSeconds"))
 			data, err := ec.unmarshalOInt2ᚖint(ctx, v)
@@ -20116,6 +20162,11 @@ func (ec *executionContext) _Schedule(ctx context.Context, sel ast.SelectionSet,
 			}
 		case "overlap":
 			out.Values[i] = ec._Schedule_overlap(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "priority":
+			out.Values[i] = ec._Schedule_priority(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}

@@ -30,7 +30,7 @@ func (r *mutationResolver) CreateSchedule(ctx context.Context, input model.Creat
 	cp := schedules.CreateParams{WorkflowName: valueOf(input.WorkflowName), WorkflowVersion: valueOf(input.WorkflowVersion),
 		Cron: valueOf(input.Cron), IntervalSeconds: valueOf(input.IntervalSeconds), TimeZone: valueOf(input.TimeZone),
 		Input: input.Input, Metadata: meta, ExternalID: valueOf(input.ExternalID), Description: valueOf(input.Description),
-		Overlap: valueOf(input.Overlap), CatchupWindowSeconds: input.CatchupWindowSeconds, Paused: valueOf(input.Paused),
+		Overlap: valueOf(input.Overlap), Priority: valueOf(input.Priority), CatchupWindowSeconds: input.CatchupWindowSeconds, Paused: valueOf(input.Paused),
 		CreatedBy: p.Subject}
 	if input.WorkflowID != nil {
 		cp.WorkflowID = *input.WorkflowID
@@ -55,7 +55,7 @@ func (r *mutationResolver) UpdateSchedule(ctx context.Context, id uuid.UUID, inp
 	}
 	up := schedules.UpdateParams{WorkflowVersion: input.WorkflowVersion, Cron: input.Cron, IntervalSeconds: input.IntervalSeconds,
 		TimeZone: input.TimeZone, Input: input.Input, Metadata: meta, ExternalID: input.ExternalID, Description: input.Description,
-		Overlap: input.Overlap, CatchupWindowSeconds: input.CatchupWindowSeconds}
+		Overlap: input.Overlap, Priority: input.Priority, CatchupWindowSeconds: input.CatchupWindowSeconds}
 	return r.changeSchedule(ctx, func(ctx context.Context, tx *pg.Tx) (schedules.Schedule, error) {
 		return schedules.Service{}.Update(ctx, tx, id, up)
 	})

@@ -429,7 +429,7 @@ func (f *Firer) admitAndStart(ctx context.Context, tenant uuid.UUID, s Schedule,
 
 func startRequest(s Schedule, at time.Time) engine.StartRun {
 	return engine.StartRun{WorkflowID: s.WorkflowID, Version: s.WorkflowVersion, Input: s.Input,
-		Metadata: s.MetadataMap(), IdempotencyKey: IdempotencyKey(s.ID, at)}
+		Metadata: s.MetadataMap(), IdempotencyKey: IdempotencyKey(s.ID, at), Priority: s.Priority}
 }
 
 // record writes a fire's outcome and moves the schedule on, if it is

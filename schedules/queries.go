@@ -3,7 +3,7 @@ package schedules
 const (
 	scheduleColumns = `id, workflow_id, workflow_version, cron, interval_seconds, time_zone, input, metadata, external_id,
 		description, overlap, catchup_window_seconds, paused, next_fire_at, buffered_fire_at, last_fire_at, last_run_id,
-		last_outcome, last_error, started_count, skipped_count, refused_count, missed_count, created_by, created_at, updated_at`
+		last_outcome, last_error, started_count, skipped_count, refused_count, missed_count, created_by, created_at, updated_at, priority`
 
 	qNow                 = `SELECT now()`
 	qLockTenantSchedules = `SELECT pg_advisory_xact_lock(hashtextextended('schedules:' || $1::uuid::text, 0))`
@@ -11,8 +11,8 @@ const (
 	qResolveWorkflow     = `SELECT id, latest_version FROM workflow_definitions
 		WHERE tenant_id = $1 AND (id = $2 OR ($2 IS NULL AND name = $3))`
 	qInsertSchedule = `INSERT INTO schedules (tenant_id, id, workflow_id, workflow_version, cron, interval_seconds, time_zone,
-		input, metadata, external_id, description, overlap, catchup_window_seconds, paused, next_fire_at, created_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`
+		input, metadata, external_id, description, overlap, catchup_window_seconds, paused, next_fire_at, created_by, priority)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)`
 	qGetSchedule       = `SELECT ` + scheduleColumns + ` FROM schedules WHERE tenant_id = $1 AND id = $2`
 	qGetScheduleLocked = `SELECT ` + scheduleColumns + ` FROM schedules WHERE tenant_id = $1 AND id = $2 FOR UPDATE`
 	qListSchedules     = `SELECT ` + scheduleColumns + ` FROM schedules
@@ -20,7 +20,7 @@ const (
 		ORDER BY id LIMIT $4`
 	qUpdateSchedule = `UPDATE schedules SET workflow_version = $3, cron = $4, interval_seconds = $5, time_zone = $6, input = $7,
 		metadata = $8, external_id = $9, description = $10, overlap = $11, catchup_window_seconds = $12, paused = $13,
-		next_fire_at = $14, buffered_fire_at = $15, claimed_until = NULL, updated_at = now()
+		next_fire_at = $14, buffered_fire_at = $15, priority = $16, claimed_until = NULL, updated_at = now()
 		WHERE tenant_id = $1 AND id = $2`
 	qDeleteSchedule = `DELETE FROM schedules WHERE tenant_id = $1 AND id = $2`
 	qRecentFires    = `SELECT fire_at, run_id, outcome, backfill, error_code, error_message, created_at FROM schedule_fires

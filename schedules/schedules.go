@@ -130,6 +130,8 @@ type Schedule struct {
 	ExternalID      *string
 	Description     string
 	Overlap         Overlap
+	// Priority is the priority of the runs it starts (-2..2).
+	Priority int
 	// CatchupWindowSeconds: after downtime, fires older than now minus
 	// this are not started (counted as missed).
 	CatchupWindowSeconds int
@@ -205,6 +207,7 @@ type CreateParams struct {
 	ExternalID           string
 	Description          string
 	Overlap              Overlap
+	Priority             int
 	CatchupWindowSeconds *int
 	Paused               bool
 	CreatedBy            string
@@ -222,6 +225,7 @@ type UpdateParams struct {
 	ExternalID           *string // "" clears it
 	Description          *string
 	Overlap              *Overlap
+	Priority             *int
 	CatchupWindowSeconds *int
 }
 
@@ -243,7 +247,7 @@ func specError(err error) error {
 // Create adds a schedule. Its first fire is the first fire time after now.
 func (Service) Create(ctx context.Context, tx *pg.Tx, p CreateParams) (Schedule, error) {
 	s := Schedule{ID: uuid.Must(uuid.NewV7()), WorkflowVersion: p.WorkflowVersion, TimeZone: p.TimeZone,
-		Description: p.Description, Overlap: p.Overlap, Paused: p.Paused, CreatedBy: p.CreatedBy}
+		Description: p.Description, Overlap: p.Overlap, Priority: p.Priority, Paused: p.Paused, CreatedBy: p.CreatedBy}
 	if s.TimeZone == "" {
 		s.TimeZone = "UTC"
 	}
@@ -320,7 +324,8 @@ func (Service) Create(ctx context.Context, tx *pg.Tx, p CreateParams) (Schedule,
 	}
 	next := s.nextAfter(now)
 	_, err = tx.Exec(ctx, qInsertSchedule, tx.Tenant, s.ID, s.WorkflowID, s.WorkflowVersion, s.Cron, s.IntervalSeconds,
-		s.TimeZone, s.Input, s.Metadata, s.ExternalID, s.Description, string(s.Overlap), s.CatchupWindowSeconds, s.Paused, next, s.CreatedBy)
+		s.TimeZone, s.Input, s.Metadata, s.ExternalID, s.Description, string(s.Overlap), s.CatchupWindowSeconds, s.Paused, next, s.CreatedBy,
+		s.Priority)
 	if isUnique(err) {
 		return Schedule{}, externalIDTaken(*s.ExternalID)
 	}
@@ -362,6 +367,9 @@ func validate(s *Schedule) error {
 	case OverlapSkip, OverlapBufferOne, OverlapAllowAll, OverlapCancelPrevious:
 	default:
 		return invalid("overlap", "%q is not an overlap policy", s.Overlap)
+	}
+	if s.Priority < dag.MinPriority || s.Priority > dag.MaxPriority {
+		return invalid("priority", "must be between %d and %d", dag.MinPriority, dag.MaxPriority)
 	}
 	if s.CatchupWindowSeconds < 0 || time.Duration(s.CatchupWindowSeconds)*time.Second > MaxCatchupWindow {
 		return invalid("catchupWindowSeconds", "must be between 0 and %d", int(MaxCatchupWindow/time.Second))
@@ -487,7 +495,7 @@ func scanSchedules(rows pgx.Rows) ([]Schedule, error) {
 	_, err := pgx.ForEachRow(rows, []any{&s.ID, &s.WorkflowID, &s.WorkflowVersion, &s.Cron, &s.IntervalSeconds, &s.TimeZone,
 		&s.Input, &s.Metadata, &s.ExternalID, &s.Description, &overlap, &s.CatchupWindowSeconds, &s.Paused, &s.NextFireAt,
 		&s.BufferedFireAt, &s.LastFireAt, &s.LastRunID, &outcome, &s.LastError, &s.StartedCount, &s.SkippedCount,
-		&s.RefusedCount, &s.MissedCount, &s.CreatedBy, &s.CreatedAt, &s.UpdatedAt}, func() error {
+		&s.RefusedCount, &s.MissedCount, &s.CreatedBy, &s.CreatedAt, &s.UpdatedAt, &s.Priority}, func() error {
 		c := s
 		c.Overlap = Overlap(overlap)
 		if outcome != nil {
@@ -575,6 +583,9 @@ func (Service) Update(ctx context.Context, tx *pg.Tx, id uuid.UUID, p UpdatePara
 	if p.Overlap != nil {
 		s.Overlap = *p.Overlap
 	}
+	if p.Priority != nil {
+		s.Priority = *p.Priority
+	}
 	if p.CatchupWindowSeconds != nil {
 		s.CatchupWindowSeconds = *p.CatchupWindowSeconds
 	}
@@ -610,7 +621,8 @@ func (Service) Update(ctx context.Context, tx *pg.Tx, id uuid.UUID, p UpdatePara
 
 func write(ctx context.Context, tx *pg.Tx, s Schedule) (Schedule, error) {
 	_, err := tx.Exec(ctx, qUpdateSchedule, tx.Tenant, s.ID, s.WorkflowVersion, s.Cron, s.IntervalSeconds, s.TimeZone, s.Input,
-		s.Metadata, s.ExternalID, s.Description, string(s.Overlap), s.CatchupWindowSeconds, s.Paused, s.NextFireAt, s.BufferedFireAt)
+		s.Metadata, s.ExternalID, s.Description, string(s.Overlap), s.CatchupWindowSeconds, s.Paused, s.NextFireAt, s.BufferedFireAt,
+		s.Priority)
 	if isUnique(err) {
 		return Schedule{}, externalIDTaken(*s.ExternalID)
 	}

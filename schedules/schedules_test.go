@@ -479,3 +479,40 @@ func TestTwoReplicasFireEachTimeOnce(t *testing.T) {
 		t.Logf("schedule %s: %d fires, each started once", id, len(secs))
 	}
 }
+
+// TestAScheduleStartsRunsAtItsPriority: a schedule's priority (-2..2) is
+// its runs'; an update changes it; one out of range is refused with its
+// field and changes nothing.
+func TestAScheduleStartsRunsAtItsPriority(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, "pro")
+	_, err := w.create(schedules.CreateParams{Cron: yearly, Priority: 3})
+	var e *errs.Error
+	require.ErrorAs(t, err, &e)
+	assert.Equal(t, errs.Invalid, e.Kind)
+	assert.Equal(t, "priority", e.Fields[0].Field)
+
+	s, err := w.create(schedules.CreateParams{Cron: yearly, Priority: 2})
+	require.NoError(t, err)
+	assert.Equal(t, 2, w.get(s.ID).Priority)
+	w.setNext(s.ID, w.now().Add(-time.Second))
+	w.pass(w.firer())
+	var prio int
+	require.NoError(t, w.in(func(ctx context.Context, tx *pg.Tx) error {
+		return tx.QueryRow(ctx, `SELECT priority FROM workflow_runs WHERE tenant_id = $1 AND idempotency_key LIKE $2`,
+			w.tenant, "schedule:"+s.ID.String()+":%").Scan(&prio)
+	}))
+	assert.Equal(t, 2, prio)
+
+	bad, low := 5, -2
+	require.Error(t, w.in(func(ctx context.Context, tx *pg.Tx) error {
+		_, err := schedules.Service{}.Update(ctx, tx, s.ID, schedules.UpdateParams{Priority: &bad})
+		return err
+	}))
+	assert.Equal(t, 2, w.get(s.ID).Priority, "a refused update changes nothing")
+	require.NoError(t, w.in(func(ctx context.Context, tx *pg.Tx) error {
+		_, err := schedules.Service{}.Update(ctx, tx, s.ID, schedules.UpdateParams{Priority: &low})
+		return err
+	}))
+	assert.Equal(t, -2, w.get(s.ID).Priority)
+}

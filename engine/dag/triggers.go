@@ -25,6 +25,9 @@ type Trigger struct {
 	// "order.created", not "order" nor "order.item.added").
 	Event string `json:"event"`
 	If    string `json:"if,omitempty"`
+	// Priority is the priority of the runs the trigger starts
+	// (MinPriority..MaxPriority, 0 by default).
+	Priority int `json:"priority,omitempty"`
 
 	cond *program
 }
@@ -142,6 +145,9 @@ func (w *Workflow) validateTriggers(ps *problems) {
 		}
 		if msg := checkEventName(t.Event, true); msg != "" {
 			ps.add("", field+".event", "%s", msg)
+		}
+		if t.Priority < MinPriority || t.Priority > MaxPriority {
+			ps.add("", field+".priority", "must be between %d and %d", MinPriority, MaxPriority)
 		}
 		key := t.Event + "\x00" + t.If
 		if seen[key] {

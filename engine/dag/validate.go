@@ -210,8 +210,8 @@ func (n *Node) validate(ps *problems, label string) {
 		if *n.Priority < MinPriority || *n.Priority > MaxPriority {
 			ps.add(label, "priority", "must be between %d and %d", MinPriority, MaxPriority)
 		}
-		if !n.Type.RunsOnWorker() && n.Type != "" {
-			ps.add(label, "priority", "nodes of type %s do not run on a worker", n.Type)
+		if !n.Type.RunsOnWorker() && n.Type != "" && n.Type != TypeWorkflow {
+			ps.add(label, "priority", "nodes of type %s do not run on a worker (a workflow node's priority is its child run's)", n.Type)
 		}
 	}
 	if rl := n.RateLimit; rl != nil {

@@ -94,6 +94,8 @@ type CreateScheduleInput struct {
 	ExternalID  *string            `json:"externalId,omitempty"`
 	Description *string            `json:"description,omitempty"`
 	Overlap     *schedules.Overlap `json:"overlap,omitempty"`
+	// The priority of the runs it starts, -2..2 (0 by default), as startRun's.
+	Priority *int `json:"priority,omitempty"`
 	// After downtime, fires older than this are not started (default 60, at most 366 days).
 	CatchupWindowSeconds *int  `json:"catchupWindowSeconds,omitempty"`
 	Paused               *bool `json:"paused,omitempty"`
@@ -299,10 +301,12 @@ type UpdateScheduleInput struct {
 	Input           json.RawMessage `json:"input,omitempty"`
 	Metadata        json.RawMessage `json:"metadata,omitempty"`
 	// An empty string clears it.
-	ExternalID           *string            `json:"externalId,omitempty"`
-	Description          *string            `json:"description,omitempty"`
-	Overlap              *schedules.Overlap `json:"overlap,omitempty"`
-	CatchupWindowSeconds *int               `json:"catchupWindowSeconds,omitempty"`
+	ExternalID  *string            `json:"externalId,omitempty"`
+	Description *string            `json:"description,omitempty"`
+	Overlap     *schedules.Overlap `json:"overlap,omitempty"`
+	// The priority of the runs it starts, -2..2.
+	Priority             *int `json:"priority,omitempty"`
+	CatchupWindowSeconds *int `json:"catchupWindowSeconds,omitempty"`
 }
 
 type UpdateWebhookEndpointInput struct {

@@ -158,6 +158,8 @@ type CreateScheduleInput struct {
 	ExternalId  *string                `json:"externalId,omitempty"`
 	Description *string                `json:"description,omitempty"`
 	Overlap     *ScheduleOverlapPolicy `json:"overlap,omitempty"`
+	// The priority of the runs it starts, -2..2 (0 by default), as startRun's.
+	Priority *int `json:"priority"`
 	// After downtime, fires older than this are not started (default 60, at most 366 days).
 	CatchupWindowSeconds *int  `json:"catchupWindowSeconds,omitempty"`
 	Paused               *bool `json:"paused,omitempty"`
@@ -195,6 +197,9 @@ func (v *CreateScheduleInput) GetDescription() *string { return v.Description }
 
 // GetOverlap returns CreateScheduleInput.Overlap, and is useful for accessing the field via an interface.
 func (v *CreateScheduleInput) GetOverlap() *ScheduleOverlapPolicy { return v.Overlap }
+
+// GetPriority returns CreateScheduleInput.Priority, and is useful for accessing the field via an interface.
+func (v *CreateScheduleInput) GetPriority() *int { return v.Priority }
 
 // GetCatchupWindowSeconds returns CreateScheduleInput.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *CreateScheduleInput) GetCatchupWindowSeconds() *int { return v.CatchupWindowSeconds }
@@ -785,10 +790,12 @@ type UpdateScheduleInput struct {
 	Input           *json.RawMessage `json:"input,omitempty"`
 	Metadata        *json.RawMessage `json:"metadata,omitempty"`
 	// An empty string clears it.
-	ExternalId           *string                `json:"externalId,omitempty"`
-	Description          *string                `json:"description,omitempty"`
-	Overlap              *ScheduleOverlapPolicy `json:"overlap,omitempty"`
-	CatchupWindowSeconds *int                   `json:"catchupWindowSeconds,omitempty"`
+	ExternalId  *string                `json:"externalId,omitempty"`
+	Description *string                `json:"description,omitempty"`
+	Overlap     *ScheduleOverlapPolicy `json:"overlap,omitempty"`
+	// The priority of the runs it starts, -2..2.
+	Priority             *int `json:"priority"`
+	CatchupWindowSeconds *int `json:"catchupWindowSeconds,omitempty"`
 }
 
 // GetWorkflowVersion returns UpdateScheduleInput.WorkflowVersion, and is useful for accessing the field via an interface.
@@ -817,6 +824,9 @@ func (v *UpdateScheduleInput) GetDescription() *string { return v.Description }
 
 // GetOverlap returns UpdateScheduleInput.Overlap, and is useful for accessing the field via an interface.
 func (v *UpdateScheduleInput) GetOverlap() *ScheduleOverlapPolicy { return v.Overlap }
+
+// GetPriority returns UpdateScheduleInput.Priority, and is useful for accessing the field via an interface.
+func (v *UpdateScheduleInput) GetPriority() *int { return v.Priority }
 
 // GetCatchupWindowSeconds returns UpdateScheduleInput.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *UpdateScheduleInput) GetCatchupWindowSeconds() *int { return v.CatchupWindowSeconds }
