@@ -300,7 +300,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		// own workers are served from; everything else to the queue's shards.
 		var key string
 		if r.handler != "" {
-			key = e.names.HandlerStream(r.tenant, r.queue, r.handler)
+			key = e.names.HandlerPriorityStream(r.tenant, r.queue, r.handler, r.priority)
 		} else {
 			key = e.names.PriorityStream(r.tenant, r.queue, stream.ShardFor(r.task, routes[r.tenant].Shards), r.priority)
 		}
@@ -316,10 +316,14 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 		// Streams are not trimmed: every message is counted in its tenant's
 		// queued hash (stream.Add), which a trim would leave behind.
 		cmds[i] = stream.Add(ctx, pipe, key, msg)
-		if r.handler == "" && r.priority != 0 {
+		switch {
+		case r.priority == 0:
+		case r.handler == "":
 			// After the message (one slot: in order), so a reader that
 			// drops a level it found empty cannot miss this message.
 			pipe.SAdd(ctx, e.names.Priorities(r.tenant, r.queue), r.priority)
+		default:
+			pipe.SAdd(ctx, e.names.HandlerPriorities(r.tenant), key)
 		}
 	}
 	// The active set and the wake-ups tell workers that a tenant has work,

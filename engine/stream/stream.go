@@ -116,6 +116,26 @@ func (n Names) HandlerStream(tenant uuid.UUID, queue, handler string) string {
 	return n.NS + ":{" + tenant.String() + "}:h:" + queue + ":" + handler
 }
 
+// HandlerPriorityStream is the key of a handler's stream for tasks of one
+// priority: HandlerStream for priority 0, "<HandlerStream>:p<priority>"
+// otherwise (handler names are letters, digits and _, so the suffix is
+// unambiguous). A priority out of range is clamped.
+func (n Names) HandlerPriorityStream(tenant uuid.UUID, queue, handler string, priority int) string {
+	priority = min(max(priority, MinPriority), MaxPriority)
+	if priority == 0 {
+		return n.HandlerStream(tenant, queue, handler)
+	}
+	return n.HandlerStream(tenant, queue, handler) + ":p" + strconv.Itoa(priority)
+}
+
+// HandlerPriorities is the set of a tenant's handler streams of a
+// priority other than 0 that may hold messages (their keys): the enqueuer
+// adds one after publishing to it, and the poll drops one it finds empty,
+// so a poll of a tenant that never used priorities reads as before.
+func (n Names) HandlerPriorities(tenant uuid.UUID) string {
+	return n.NS + ":{" + tenant.String() + "}:hprios"
+}
+
 // HandlerWake is the pub/sub channel the enqueuer pings after publishing to
 // handler streams; the payload is HandlerRoute. Servers holding tenant
 // workers' polls subscribe to it. (Queue names cannot contain ':', so no

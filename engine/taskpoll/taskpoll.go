@@ -155,6 +155,7 @@ type poll struct {
 	taskapi.PollRequest
 	ttl, wait time.Duration
 	keys      []string        // the handler streams, in request order
+	prioKeys  []string        // their streams of other priorities
 	routes    map[string]bool // "queue/handler"
 }
 
@@ -214,6 +215,11 @@ func (p *Poller) check(c Caller, r taskapi.PollRequest) (*poll, error) {
 		for _, h := range dedupe(r.Handlers) {
 			out.routes[q+"/"+h] = true
 			out.keys = append(out.keys, p.names.HandlerStream(c.Tenant, q, h))
+			for prio := stream.MaxPriority; prio >= stream.MinPriority; prio-- {
+				if prio != 0 {
+					out.prioKeys = append(out.prioKeys, p.names.HandlerPriorityStream(c.Tenant, q, h, prio))
+				}
+			}
 		}
 	}
 	return out, nil
@@ -302,14 +308,25 @@ func (p *Poller) Poll(ctx context.Context, c Caller, r taskapi.PollRequest) ([]e
 }
 
 // pollScript refreshes the worker's entry in the tenant's registry, then
-// reads up to n messages from the handler streams in order, taking over
-// messages left unsettled for ReclaimIdle first — never more than the
-// tenant's free running-task permits. Every key carries the tenant's hash
-// tag, so the script touches one cluster slot.
+// reads up to n messages from the handler streams, taking over messages
+// left unsettled for ReclaimIdle first — never more than the tenant's free
+// running-task permits. Every key carries the tenant's hash tag, so the
+// script touches one cluster slot.
 //
-// KEYS: workers, live, busy, running permits, streams...
+// The streams are each handler's priority-0 stream (in request order) and
+// its streams of other priorities (stream.HandlerPriorityStream); only the
+// latter in the tenant's set of priority streams in use are looked at, and
+// one found empty (every message settled) leaves the set. With none in
+// use, new messages are read stream after stream, as before priorities;
+// with some, one at a time in order of virtual time — the message's publish
+// time less priority × aging, ties to the higher priority — as the
+// platform workers read their queues (so a higher priority goes first and
+// a lower one is never starved).
+//
+// KEYS: workers, live, busy, running permits, priority streams in use,
+// streams...
 // ARGV: worker, info, gone-after ms, max workers, in flight, n, limit,
-// group, consumer, reclaim idle ms.
+// group, consumer, reclaim idle ms, aging ms per priority level.
 // Returns {status, key, id, fields, key, id, fields, ...}: status 0 (read),
 // -1 (quota full), -2 (too many workers).
 var pollScript = redis.NewScript(`
@@ -347,25 +364,83 @@ local function take(key, entries)
     end
   end
 end
-for i = 5, #KEYS do
+local inuse = {}
+for _, k in ipairs(redis.call('SMEMBERS', KEYS[5])) do inuse[k] = true end
+local live, prio, levels = {}, {}, false
+for i = 6, #KEYS do
+  local p = tonumber(string.match(KEYS[i], ':p(%-?%d+)$') or '0')
+  if (p == 0 or inuse[KEYS[i]]) and redis.call('EXISTS', KEYS[i]) == 1 then
+    live[#live + 1] = i
+    prio[i] = p
+    if p ~= 0 then levels = true end
+  end
+end
+for _, i in ipairs(live) do
   if n <= 0 then break end
   local key = KEYS[i]
-  if redis.call('EXISTS', key) == 1 then
-    local r = redis.pcall('XAUTOCLAIM', key, ARGV[8], ARGV[9], ARGV[10], '0-0', 'COUNT', n)
-    if type(r) == 'table' and r.err then
-      if string.find(r.err, 'NOGROUP', 1, true) then
-        redis.call('XGROUP', 'CREATE', key, ARGV[8], '0')
-      else
-        return redis.error_reply(r.err)
-      end
+  local r = redis.pcall('XAUTOCLAIM', key, ARGV[8], ARGV[9], ARGV[10], '0-0', 'COUNT', n)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'NOGROUP', 1, true) then
+      redis.call('XGROUP', 'CREATE', key, ARGV[8], '0')
     else
-      take(key, r[2])
+      return redis.error_reply(r.err)
     end
-    if n > 0 then
-      local x = redis.call('XREADGROUP', 'GROUP', ARGV[8], ARGV[9], 'COUNT', n, 'STREAMS', key, '>')
-      if x then take(key, x[1][2]) end
+  else
+    take(key, r[2])
+  end
+end
+local function readOne(i, count)
+  local x = redis.call('XREADGROUP', 'GROUP', ARGV[8], ARGV[9], 'COUNT', count, 'STREAMS', KEYS[i], '>')
+  if x then
+    take(KEYS[i], x[1][2])
+    return x[1][2]
+  end
+  return nil
+end
+if not levels then
+  for _, i in ipairs(live) do
+    if n <= 0 then break end
+    readOne(i, n)
+  end
+  return out
+end
+local aging = tonumber(ARGV[11])
+local function vtime(i, after)
+  local r = redis.pcall('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then return nil end
+  return tonumber(string.match(r[1][1], '^(%d+)')) - prio[i] * aging
+end
+local heads = {}
+for _, i in ipairs(live) do
+  local last = '0-0'
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[i])
+  if type(groups) == 'table' and not groups.err then
+    for _, g in ipairs(groups) do
+      local name, lid
+      for j = 1, #g, 2 do
+        if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then lid = g[j + 1] end
+      end
+      if name == ARGV[8] and lid then last = lid end
     end
   end
+  heads[i] = vtime(i, last)
+end
+while n > 0 do
+  local best, bv = nil, nil
+  for _, i in ipairs(live) do
+    local v = heads[i]
+    if v and (bv == nil or v < bv or (v == bv and prio[i] > prio[best])) then best, bv = i, v end
+  end
+  if best == nil then break end
+  local got = readOne(best, 1)
+  if got and #got > 0 then
+    heads[best] = vtime(best, got[#got][1])
+  else
+    heads[best] = nil
+  end
+end
+for _, i in ipairs(live) do
+  if prio[i] ~= 0 and redis.call('XLEN', KEYS[i]) == 0 then redis.call('SREM', KEYS[5], KEYS[i]) end
 end
 return out
 `)
@@ -397,13 +472,15 @@ func (p *Poller) read(ctx context.Context, c Caller, q *poll) (msgs []stream.Mes
 	}
 	info, _ := json.Marshal(entry{Label: q.Label, Version: q.Version, Queues: dedupe(q.Queues), Handlers: dedupe(q.Handlers),
 		Capacity: q.Capacity, KeyID: c.KeyID, ConnectedAt: time.Now().UnixMilli()})
-	keys := []string{p.names.Workers(c.Tenant), p.names.WorkersLive(c.Tenant), p.names.WorkersBusy(c.Tenant), p.quotaKey(c.Tenant)}
+	keys := []string{p.names.Workers(c.Tenant), p.names.WorkersLive(c.Tenant), p.names.WorkersBusy(c.Tenant), p.quotaKey(c.Tenant),
+		p.names.HandlerPriorities(c.Tenant)}
 	// Start at a random stream so no handler is favoured when slots are few.
 	rot := rand.IntN(len(q.keys))
 	keys = append(keys, q.keys[rot:]...)
 	keys = append(keys, q.keys[:rot]...)
+	keys = append(keys, q.prioKeys...)
 	res, err := pollScript.Run(ctx, p.rdb, keys, q.WorkerID, info, goneAfter(q).Milliseconds(), p.cfg.MaxWorkers, q.InFlight,
-		q.Slots, limit, stream.Group, consumer, p.cfg.ReclaimIdle.Milliseconds()).Slice()
+		q.Slots, limit, stream.Group, consumer, p.cfg.ReclaimIdle.Milliseconds(), stream.PriorityAging.Milliseconds()).Slice()
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, false, nil

@@ -386,3 +386,60 @@ func TestConcurrentPollsLeaseEachTaskOnce(t *testing.T) {
 		assert.Equal(t, 1, n, "task %s leased once", id)
 	}
 }
+
+// TestPollServesHigherPrioritiesFirstAndAgesLowerOnes: task steps of a
+// handler are polled highest priority first, a lower priority that has
+// waited longer than a minute per level of difference goes first (never
+// starved), and the streams of the priorities in use leave the tenant's
+// set once drained.
+func TestPollServesHigherPrioritiesFirstAndAgesLowerOnes(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	ctx := context.Background()
+	names := stream.NewNames(sys.Cfg.RedisNamespace)
+	wf := sys.Workflow(taskDef("work"))
+	prioOf := map[uuid.UUID]int{}
+	start := func(prio int) uuid.UUID {
+		res, err := sys.Coordinator().StartRun(ctx, sys.Tenant, engine.StartRun{WorkflowID: wf, Input: json.RawMessage(`{}`), Priority: prio})
+		require.NoError(t, err)
+		prioOf[res.RunID] = prio
+		return res.RunID
+	}
+	for _, p := range []int{-1, -1, 0, 2, 0, 2, 1} {
+		start(p)
+	}
+	published(t, sys)
+	poll := func() []int {
+		var out []int
+		for {
+			leases, err := sys.Server.Poller.Poll(ctx, caller(sys), request("w1", 1, "work"))
+			require.NoError(t, err)
+			if len(leases) == 0 {
+				return out
+			}
+			out = append(out, prioOf[leases[0].RunID])
+		}
+	}
+	assert.Equal(t, []int{2, 2, 1, 0, 0, -1, -1}, poll())
+	assert.Empty(t, sys.Deps.Redis.SMembers(ctx, names.HandlerPriorities(sys.Tenant)).Val(), "drained priorities leave the set")
+
+	// A priority -2 step published 4.5 minutes ago goes before a priority 2
+	// step published now (4 levels of a minute); a priority -1 one published
+	// 2.5 minutes ago (less than its 3 levels) does not.
+	old := func(prio int, age time.Duration) {
+		start(prio)
+		published(t, sys)
+		key := names.HandlerPriorityStream(sys.Tenant, "default", "work", prio)
+		msgs, err := sys.Deps.Redis.XRange(ctx, key, "-", "+").Result()
+		require.NoError(t, err)
+		require.Len(t, msgs, 1)
+		require.NoError(t, sys.Deps.Redis.Del(ctx, key).Err())
+		require.NoError(t, sys.Deps.Redis.XAdd(ctx, &redis.XAddArgs{Stream: key, ID: fmt.Sprintf("%d-0", time.Now().Add(-age).UnixMilli()),
+			Values: msgs[0].Values}).Err())
+	}
+	old(-2, 270*time.Second)
+	old(-1, 150*time.Second)
+	start(2)
+	published(t, sys)
+	assert.Equal(t, []int{-2, 2, -1}, poll())
+}
