@@ -534,17 +534,19 @@ type ScheduleFields struct {
 	Id         string `json:"id"`
 	WorkflowId string `json:"workflowId"`
 	// 0: each fire starts the workflow's latest version.
-	WorkflowVersion      int                   `json:"workflowVersion"`
-	Cron                 *string               `json:"cron"`
-	IntervalSeconds      *int                  `json:"intervalSeconds"`
-	TimeZone             string                `json:"timeZone"`
-	Input                json.RawMessage       `json:"input"`
-	Metadata             json.RawMessage       `json:"metadata"`
-	ExternalId           *string               `json:"externalId"`
-	Description          string                `json:"description"`
-	Overlap              ScheduleOverlapPolicy `json:"overlap"`
-	CatchupWindowSeconds int                   `json:"catchupWindowSeconds"`
-	Paused               bool                  `json:"paused"`
+	WorkflowVersion int                   `json:"workflowVersion"`
+	Cron            *string               `json:"cron"`
+	IntervalSeconds *int                  `json:"intervalSeconds"`
+	TimeZone        string                `json:"timeZone"`
+	Input           json.RawMessage       `json:"input"`
+	Metadata        json.RawMessage       `json:"metadata"`
+	ExternalId      *string               `json:"externalId"`
+	Description     string                `json:"description"`
+	Overlap         ScheduleOverlapPolicy `json:"overlap"`
+	// The priority of the runs it starts, -2..2.
+	Priority             int  `json:"priority"`
+	CatchupWindowSeconds int  `json:"catchupWindowSeconds"`
+	Paused               bool `json:"paused"`
 	// The next fire not yet handled (null while paused).
 	NextFireAt *time.Time `json:"nextFireAt"`
 	// A BUFFER_ONE schedule's fire waiting for the running one.
@@ -594,6 +596,9 @@ func (v *ScheduleFields) GetDescription() string { return v.Description }
 
 // GetOverlap returns ScheduleFields.Overlap, and is useful for accessing the field via an interface.
 func (v *ScheduleFields) GetOverlap() ScheduleOverlapPolicy { return v.Overlap }
+
+// GetPriority returns ScheduleFields.Priority, and is useful for accessing the field via an interface.
+func (v *ScheduleFields) GetPriority() int { return v.Priority }
 
 // GetCatchupWindowSeconds returns ScheduleFields.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *ScheduleFields) GetCatchupWindowSeconds() int { return v.CatchupWindowSeconds }
@@ -2000,6 +2005,9 @@ func (v *createScheduleCreateSchedule) GetOverlap() ScheduleOverlapPolicy {
 	return v.ScheduleFields.Overlap
 }
 
+// GetPriority returns createScheduleCreateSchedule.Priority, and is useful for accessing the field via an interface.
+func (v *createScheduleCreateSchedule) GetPriority() int { return v.ScheduleFields.Priority }
+
 // GetCatchupWindowSeconds returns createScheduleCreateSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *createScheduleCreateSchedule) GetCatchupWindowSeconds() int {
 	return v.ScheduleFields.CatchupWindowSeconds
@@ -2099,6 +2107,8 @@ type __premarshalcreateScheduleCreateSchedule struct {
 
 	Overlap ScheduleOverlapPolicy `json:"overlap"`
 
+	Priority int `json:"priority"`
+
 	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
 
 	Paused bool `json:"paused"`
@@ -2152,6 +2162,7 @@ func (v *createScheduleCreateSchedule) __premarshalJSON() (*__premarshalcreateSc
 	retval.ExternalId = v.ScheduleFields.ExternalId
 	retval.Description = v.ScheduleFields.Description
 	retval.Overlap = v.ScheduleFields.Overlap
+	retval.Priority = v.ScheduleFields.Priority
 	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
 	retval.Paused = v.ScheduleFields.Paused
 	retval.NextFireAt = v.ScheduleFields.NextFireAt
@@ -2721,6 +2732,9 @@ func (v *getScheduleSchedule) GetDescription() string { return v.ScheduleFields.
 // GetOverlap returns getScheduleSchedule.Overlap, and is useful for accessing the field via an interface.
 func (v *getScheduleSchedule) GetOverlap() ScheduleOverlapPolicy { return v.ScheduleFields.Overlap }
 
+// GetPriority returns getScheduleSchedule.Priority, and is useful for accessing the field via an interface.
+func (v *getScheduleSchedule) GetPriority() int { return v.ScheduleFields.Priority }
+
 // GetCatchupWindowSeconds returns getScheduleSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *getScheduleSchedule) GetCatchupWindowSeconds() int {
 	return v.ScheduleFields.CatchupWindowSeconds
@@ -2822,6 +2836,8 @@ type __premarshalgetScheduleSchedule struct {
 
 	Overlap ScheduleOverlapPolicy `json:"overlap"`
 
+	Priority int `json:"priority"`
+
 	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
 
 	Paused bool `json:"paused"`
@@ -2877,6 +2893,7 @@ func (v *getScheduleSchedule) __premarshalJSON() (*__premarshalgetScheduleSchedu
 	retval.ExternalId = v.ScheduleFields.ExternalId
 	retval.Description = v.ScheduleFields.Description
 	retval.Overlap = v.ScheduleFields.Overlap
+	retval.Priority = v.ScheduleFields.Priority
 	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
 	retval.Paused = v.ScheduleFields.Paused
 	retval.NextFireAt = v.ScheduleFields.NextFireAt
@@ -3237,6 +3254,11 @@ func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) 
 	return v.ScheduleFields.Overlap
 }
 
+// GetPriority returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.Priority, and is useful for accessing the field via an interface.
+func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetPriority() int {
+	return v.ScheduleFields.Priority
+}
+
 // GetCatchupWindowSeconds returns listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) GetCatchupWindowSeconds() int {
 	return v.ScheduleFields.CatchupWindowSeconds
@@ -3360,6 +3382,8 @@ type __premarshallistSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSc
 
 	Overlap ScheduleOverlapPolicy `json:"overlap"`
 
+	Priority int `json:"priority"`
+
 	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
 
 	Paused bool `json:"paused"`
@@ -3413,6 +3437,7 @@ func (v *listSchedulesSchedulesScheduleConnectionEdgesScheduleEdgeNodeSchedule) 
 	retval.ExternalId = v.ScheduleFields.ExternalId
 	retval.Description = v.ScheduleFields.Description
 	retval.Overlap = v.ScheduleFields.Overlap
+	retval.Priority = v.ScheduleFields.Priority
 	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
 	retval.Paused = v.ScheduleFields.Paused
 	retval.NextFireAt = v.ScheduleFields.NextFireAt
@@ -3519,6 +3544,9 @@ func (v *pauseSchedulePauseSchedule) GetOverlap() ScheduleOverlapPolicy {
 	return v.ScheduleFields.Overlap
 }
 
+// GetPriority returns pauseSchedulePauseSchedule.Priority, and is useful for accessing the field via an interface.
+func (v *pauseSchedulePauseSchedule) GetPriority() int { return v.ScheduleFields.Priority }
+
 // GetCatchupWindowSeconds returns pauseSchedulePauseSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *pauseSchedulePauseSchedule) GetCatchupWindowSeconds() int {
 	return v.ScheduleFields.CatchupWindowSeconds
@@ -3618,6 +3646,8 @@ type __premarshalpauseSchedulePauseSchedule struct {
 
 	Overlap ScheduleOverlapPolicy `json:"overlap"`
 
+	Priority int `json:"priority"`
+
 	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
 
 	Paused bool `json:"paused"`
@@ -3671,6 +3701,7 @@ func (v *pauseSchedulePauseSchedule) __premarshalJSON() (*__premarshalpauseSched
 	retval.ExternalId = v.ScheduleFields.ExternalId
 	retval.Description = v.ScheduleFields.Description
 	retval.Overlap = v.ScheduleFields.Overlap
+	retval.Priority = v.ScheduleFields.Priority
 	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
 	retval.Paused = v.ScheduleFields.Paused
 	retval.NextFireAt = v.ScheduleFields.NextFireAt
@@ -4141,6 +4172,9 @@ func (v *resumeScheduleResumeSchedule) GetOverlap() ScheduleOverlapPolicy {
 	return v.ScheduleFields.Overlap
 }
 
+// GetPriority returns resumeScheduleResumeSchedule.Priority, and is useful for accessing the field via an interface.
+func (v *resumeScheduleResumeSchedule) GetPriority() int { return v.ScheduleFields.Priority }
+
 // GetCatchupWindowSeconds returns resumeScheduleResumeSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *resumeScheduleResumeSchedule) GetCatchupWindowSeconds() int {
 	return v.ScheduleFields.CatchupWindowSeconds
@@ -4240,6 +4274,8 @@ type __premarshalresumeScheduleResumeSchedule struct {
 
 	Overlap ScheduleOverlapPolicy `json:"overlap"`
 
+	Priority int `json:"priority"`
+
 	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
 
 	Paused bool `json:"paused"`
@@ -4293,6 +4329,7 @@ func (v *resumeScheduleResumeSchedule) __premarshalJSON() (*__premarshalresumeSc
 	retval.ExternalId = v.ScheduleFields.ExternalId
 	retval.Description = v.ScheduleFields.Description
 	retval.Overlap = v.ScheduleFields.Overlap
+	retval.Priority = v.ScheduleFields.Priority
 	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
 	retval.Paused = v.ScheduleFields.Paused
 	retval.NextFireAt = v.ScheduleFields.NextFireAt
@@ -4909,6 +4946,9 @@ func (v *updateScheduleUpdateSchedule) GetOverlap() ScheduleOverlapPolicy {
 	return v.ScheduleFields.Overlap
 }
 
+// GetPriority returns updateScheduleUpdateSchedule.Priority, and is useful for accessing the field via an interface.
+func (v *updateScheduleUpdateSchedule) GetPriority() int { return v.ScheduleFields.Priority }
+
 // GetCatchupWindowSeconds returns updateScheduleUpdateSchedule.CatchupWindowSeconds, and is useful for accessing the field via an interface.
 func (v *updateScheduleUpdateSchedule) GetCatchupWindowSeconds() int {
 	return v.ScheduleFields.CatchupWindowSeconds
@@ -5008,6 +5048,8 @@ type __premarshalupdateScheduleUpdateSchedule struct {
 
 	Overlap ScheduleOverlapPolicy `json:"overlap"`
 
+	Priority int `json:"priority"`
+
 	CatchupWindowSeconds int `json:"catchupWindowSeconds"`
 
 	Paused bool `json:"paused"`
@@ -5061,6 +5103,7 @@ func (v *updateScheduleUpdateSchedule) __premarshalJSON() (*__premarshalupdateSc
 	retval.ExternalId = v.ScheduleFields.ExternalId
 	retval.Description = v.ScheduleFields.Description
 	retval.Overlap = v.ScheduleFields.Overlap
+	retval.Priority = v.ScheduleFields.Priority
 	retval.CatchupWindowSeconds = v.ScheduleFields.CatchupWindowSeconds
 	retval.Paused = v.ScheduleFields.Paused
 	retval.NextFireAt = v.ScheduleFields.NextFireAt
@@ -5500,6 +5543,7 @@ fragment ScheduleFields on Schedule {
 	externalId
 	description
 	overlap
+	priority
 	catchupWindowSeconds
 	paused
 	nextFireAt
@@ -5845,6 +5889,7 @@ fragment ScheduleFields on Schedule {
 	externalId
 	description
 	overlap
+	priority
 	catchupWindowSeconds
 	paused
 	nextFireAt
@@ -5988,6 +6033,7 @@ fragment ScheduleFields on Schedule {
 	externalId
 	description
 	overlap
+	priority
 	catchupWindowSeconds
 	paused
 	nextFireAt
@@ -6093,6 +6139,7 @@ fragment ScheduleFields on Schedule {
 	externalId
 	description
 	overlap
+	priority
 	catchupWindowSeconds
 	paused
 	nextFireAt
@@ -6396,6 +6443,7 @@ fragment ScheduleFields on Schedule {
 	externalId
 	description
 	overlap
+	priority
 	catchupWindowSeconds
 	paused
 	nextFireAt
@@ -6715,6 +6763,7 @@ fragment ScheduleFields on Schedule {
 	externalId
 	description
 	overlap
+	priority
 	catchupWindowSeconds
 	paused
 	nextFireAt

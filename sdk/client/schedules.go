@@ -37,6 +37,8 @@ type ScheduleSpec struct {
 	// Overlap is what a fire does while a run of the schedule still goes
 	// (default ScheduleOverlapPolicySkip).
 	Overlap ScheduleOverlapPolicy
+	// Priority is the priority of the runs it starts, -2..2 (default 0).
+	Priority int
 	// CatchupWindow: after downtime, fires older than this are not
 	// started (nil: the server's default, a minute).
 	CatchupWindow *time.Duration
@@ -61,7 +63,7 @@ func (c *Client) CreateSchedule(ctx context.Context, s ScheduleSpec) (*Schedule,
 	}
 	input := CreateScheduleInput{WorkflowId: ptr(s.WorkflowID), WorkflowName: ptr(s.Workflow), WorkflowVersion: ptr(s.Version),
 		Cron: ptr(s.Cron), IntervalSeconds: seconds(s.Interval), TimeZone: ptr(s.TimeZone), Input: in, Metadata: m,
-		ExternalId: ptr(s.ExternalID), Description: ptr(s.Description), Overlap: ptr(s.Overlap), Paused: ptr(s.Paused)}
+		ExternalId: ptr(s.ExternalID), Description: ptr(s.Description), Overlap: ptr(s.Overlap), Priority: ptr(s.Priority), Paused: ptr(s.Paused)}
 	if s.CatchupWindow != nil {
 		w := int(*s.CatchupWindow / time.Second)
 		input.CatchupWindowSeconds = &w
@@ -86,6 +88,7 @@ type ScheduleUpdate struct {
 	ExternalID    *string
 	Description   *string
 	Overlap       *ScheduleOverlapPolicy
+	Priority      *int
 	CatchupWindow *time.Duration
 }
 
@@ -105,7 +108,7 @@ func (c *Client) UpdateSchedule(ctx context.Context, id string, u ScheduleUpdate
 		return nil, err
 	}
 	input := UpdateScheduleInput{WorkflowVersion: u.Version, Cron: u.Cron, TimeZone: u.TimeZone, Input: in, Metadata: m,
-		ExternalId: u.ExternalID, Description: u.Description, Overlap: u.Overlap}
+		ExternalId: u.ExternalID, Description: u.Description, Overlap: u.Overlap, Priority: u.Priority}
 	if u.Interval != nil {
 		input.IntervalSeconds = seconds(*u.Interval)
 	}

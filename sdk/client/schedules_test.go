@@ -26,9 +26,10 @@ func TestClientManagesSchedules(t *testing.T) {
 
 	daily, err := c.CreateSchedule(ctx, client.ScheduleSpec{Workflow: "report", Cron: "30 2 * * *", TimeZone: "Europe/London",
 		ExternalID: "customer-1", Metadata: map[string]string{"customer": "1"}, Input: map[string]int{"customer": 1},
-		Overlap: client.ScheduleOverlapPolicyBufferOne})
+		Overlap: client.ScheduleOverlapPolicyBufferOne, Priority: 1})
 	require.NoError(t, err)
 	assert.Equal(t, client.ScheduleOverlapPolicyBufferOne, daily.Overlap)
+	assert.Equal(t, 1, daily.Priority)
 	_, err = c.CreateSchedule(ctx, client.ScheduleSpec{Workflow: "report", Cron: "30 2 * * *", ExternalID: "customer-1"})
 	assert.Equal(t, "CONFLICT", client.ErrorCode(err), "one schedule per external id")
 	_, err = c.CreateSchedule(ctx, client.ScheduleSpec{Workflow: "report", Cron: "30 2 * * *", TimeZone: "Nowhere/Land"})
@@ -57,6 +58,11 @@ func TestClientManagesSchedules(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, cron, *updated.Cron)
 	assert.JSONEq(t, `{"customer":1}`, string(updated.Input), "what the update did not name is kept")
+	assert.Equal(t, 1, updated.Priority, "kept")
+	top := 2
+	updated, err = c.UpdateSchedule(ctx, daily.Id, client.ScheduleUpdate{Priority: &top})
+	require.NoError(t, err)
+	assert.Equal(t, 2, updated.Priority)
 
 	to := time.Now().Add(-24 * time.Hour)
 	fires, err := c.BackfillSchedule(ctx, daily.Id, to.Add(-72*time.Hour), to)
