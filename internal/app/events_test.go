@@ -78,6 +78,23 @@ func TestEventsEndpoint(t *testing.T) {
 	assert.Equal(t, ev, again["event"])
 	status, out = postEvent(t, sys, sys.APIKey(auth.ScopeAdmin), body)
 	assert.Equal(t, http.StatusOK, status, "admin grants events:write")
+	// Each publish is in the audit log: ok in its transaction, the
+	// refusals with their code.
+	var log struct {
+		AuditLog struct {
+			Edges []struct {
+				Node struct{ PrincipalKind, TargetID, Outcome string }
+			}
+		}
+	}
+	owner := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
+	sys.GraphQL(owner, `{ auditLog(filter: {action: "publishEvent"}) { edges { node { principalKind targetId outcome } } } }`, nil).Decode(t, &log)
+	var outcomes []string
+	for _, e := range log.AuditLog.Edges {
+		assert.Equal(t, "API_KEY", e.Node.PrincipalKind)
+		outcomes = append(outcomes, e.Node.Outcome)
+	}
+	assert.Equal(t, []string{"ok", "ok", "ok", "FORBIDDEN", "FORBIDDEN"}, outcomes)
 	assert.Equal(t, false, out["created"])
 
 	for _, c := range []struct {
