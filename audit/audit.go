@@ -57,6 +57,7 @@ type Entry struct {
 	tenant uuid.UUID
 	rec    Record
 	done   bool
+	skip   bool
 }
 
 // NewEntry starts the record of action by a principal of tenant.
@@ -89,6 +90,18 @@ func Identify(ctx context.Context, id string) {
 	}
 }
 
+// Skip says that the action in ctx, should it succeed, is not one to
+// record: it changed nothing an audit log is for (an event that resumed
+// and cancelled no run). Called in the action's transaction before it
+// commits; a failure is still recorded. No-op without an entry.
+func Skip(ctx context.Context) {
+	if e := From(ctx); e != nil {
+		e.mu.Lock()
+		e.skip = true
+		e.mu.Unlock()
+	}
+}
+
 // Seal makes tx carry ctx's entry: its record is appended as the last
 // statement before tx's COMMIT, unless another transaction of the action
 // committed it first. Called by the API's authorization gate in the
@@ -107,7 +120,7 @@ func Seal(ctx context.Context, tx *pg.Tx) {
 	tx.BeforeCommit(func(b *pgx.Batch) {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		if e.done {
+		if e.done || e.skip {
 			return
 		}
 		r := e.rec
@@ -127,7 +140,7 @@ func Seal(ctx context.Context, tx *pg.Tx) {
 // it left nothing). Returns whether it wrote a record.
 func Finish(ctx context.Context, db *pg.DB, e *Entry, err error) (bool, error) {
 	e.mu.Lock()
-	if e.done {
+	if e.done || err == nil && e.skip {
 		e.mu.Unlock()
 		return false, nil
 	}

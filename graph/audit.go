@@ -20,10 +20,12 @@ import (
 // "|"; empty when the action names the object it creates with
 // audit.Identify) and the arguments kept in the record's detail — never
 // a secret value, an API key's secret or a webhook's signing secret.
+// A mutation that is not audited says why in notAudited instead.
 type auditSpec struct {
-	target string
-	id     string
-	detail []string
+	target     string
+	id         string
+	detail     []string
+	notAudited string
 }
 
 // auditSpecs covers every mutation of the schema (TestEveryMutationIsAudited
@@ -31,8 +33,12 @@ type auditSpec struct {
 var auditSpecs = map[string]auditSpec{
 	"createWorkflow":         {target: "workflow", detail: []string{"input.name"}},
 	"publishWorkflowVersion": {target: "workflow", id: "workflowId"},
-	"startRun": {target: "workflow", id: "input.workflowId|input.workflowName",
-		detail: []string{"input.version", "input.idempotencyKey", "input.priority"}},
+	// Run starts are the data plane — the busiest mutation, at up to the
+	// plan's start rate — and each run records its own start; recording
+	// them would serialise a tenant's starts on its chain head (measured:
+	// about 20% fewer starts a second for 16 concurrent clients of one
+	// tenant). The log records what changes existing runs and the tenant.
+	"startRun":               {notAudited: "a run start is recorded by the run itself"},
 	"cancelRun":              {target: "run", id: "id", detail: []string{"reason"}},
 	"signalRun":              {target: "run", id: "id", detail: []string{"name", "signalId"}},
 	"approve":                {target: "run", id: "id", detail: []string{"signal", "approved", "signalId"}},
@@ -70,11 +76,12 @@ var auditSpecs = map[string]auditSpec{
 	"sendWebhookTestPing":    {target: "webhook_endpoint", id: "endpointId"},
 }
 
-// AuditSpecs lists the audited mutations (for the schema test).
-func AuditSpecs() []string {
-	out := make([]string, 0, len(auditSpecs))
-	for k := range auditSpecs {
-		out = append(out, k)
+// AuditSpecs lists the mutations with a spec and, for those not audited,
+// why (for the schema test).
+func AuditSpecs() map[string]string {
+	out := make(map[string]string, len(auditSpecs))
+	for k, s := range auditSpecs {
+		out[k] = s.notAudited
 	}
 	return out
 }
@@ -88,7 +95,9 @@ func AuditSpecs() []string {
 // recorded once it ended, in a transaction of its own: its error code
 // (FORBIDDEN, NOT_FOUND, …; RATE_LIMITED is not recorded — the limiter
 // refused before any database work, and recording would add a write for
-// each refusal) or "unchanged" for a success that committed nothing.
+// each refusal) or "unchanged" for a success that committed nothing. An
+// action may decline its record in its transaction (audit.Skip: an event
+// that changed no run).
 func (r *Resolver) auditMutations(ctx context.Context, next graphql.Resolver) (res any, err error) {
 	fc := graphql.GetFieldContext(ctx)
 	if fc == nil || fc.Object != "Mutation" || !fc.IsResolver {
@@ -99,6 +108,9 @@ func (r *Resolver) auditMutations(ctx context.Context, next graphql.Resolver) (r
 		return next(ctx)
 	}
 	spec := auditSpecs[fc.Field.Name]
+	if spec.notAudited != "" {
+		return next(ctx)
+	}
 	var detail map[string]any
 	for _, path := range spec.detail {
 		if v, ok := argAt(fc.Args, path); ok {

@@ -78,8 +78,12 @@ func TestEventsEndpoint(t *testing.T) {
 	assert.Equal(t, ev, again["event"])
 	status, out = postEvent(t, sys, sys.APIKey(auth.ScopeAdmin), body)
 	assert.Equal(t, http.StatusOK, status, "admin grants events:write")
-	// Each publish is in the audit log: ok in its transaction, the
-	// refusals with their code.
+	// A publish that changes runs is in the audit log, ok in its
+	// transaction; refusals with their code; one that only started runs,
+	// or repeated, is not recorded.
+	waiting := sys.StartRun(sys.Workflow(`{"nodes": [{"id": "v", "type": "wait", "wait": {"event": "account.verified"}}]}`), `{}`)
+	vstatus, vout := postEvent(t, sys, writer, `{"id": "v-1", "name": "account.verified"}`)
+	require.Equal(t, http.StatusOK, vstatus, "%v", vout)
 	var log struct {
 		AuditLog struct {
 			Edges []struct {
@@ -92,9 +96,11 @@ func TestEventsEndpoint(t *testing.T) {
 	var outcomes []string
 	for _, e := range log.AuditLog.Edges {
 		assert.Equal(t, "API_KEY", e.Node.PrincipalKind)
-		outcomes = append(outcomes, e.Node.Outcome)
+		outcomes = append(outcomes, e.Node.Outcome+" "+e.Node.TargetID)
 	}
-	assert.Equal(t, []string{"ok", "ok", "ok", "FORBIDDEN", "FORBIDDEN"}, outcomes)
+	assert.Equal(t, []string{"ok v-1", "FORBIDDEN ", "FORBIDDEN "}, outcomes)
+	resumed, _ := sys.Run(waiting)
+	assert.Equal(t, "completed", resumed.Status)
 	assert.Equal(t, false, out["created"])
 
 	for _, c := range []struct {
