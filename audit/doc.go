@@ -6,7 +6,8 @@
 // request's context; the authorization gate of the transaction that does
 // the work seals it in:
 //
-//	ctx = audit.With(ctx, audit.NewEntry(tenant, "user", subject, "revokeApiKey", "api_key", id, nil))
+//	e := audit.NewEntry(tenant, "user", subject, "revokeApiKey", "api_key", id, nil)
+//	ctx = audit.With(ctx, e)
 //	err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 //		// … authorize, then:
 //		audit.Seal(ctx, tx) // the record is appended last, before COMMIT
