@@ -360,6 +360,17 @@ func TestARolledBackActionLeavesNoOKRecord(t *testing.T) {
 	}
 	assert.Equal(t, []string{"CONFLICT", "ok"}, outcomes)
 
+	// A success that commits nothing (a signal the cancelled run ignores)
+	// is recorded on its own as unchanged.
+	run := sys.StartRun(sys.Workflow(waitDef), `{}`)
+	require.Empty(t, sys.GraphQL(owner, `mutation($id: ID!) { cancelRun(id: $id) { id } }`, map[string]any{"id": run.String()}).Errors)
+	var sig struct{ SignalRun struct{ Ignored bool } }
+	sys.GraphQL(owner, `mutation($id: ID!) { signalRun(id: $id, name: "late", payload: {}) { ignored } }`,
+		map[string]any{"id": run.String()}).Decode(t, &sig)
+	require.True(t, sig.SignalRun.Ignored)
+	assert.Equal(t, audit.Unchanged, newestAudit(t, sys, owner, "signalRun").Outcome,
+		"not the ok of the read of the answer that followed it")
+
 	// Sealed into a transaction that then fails: neither its change nor a
 	// record commits.
 	ctx := audit.With(context.Background(), audit.NewEntry(sys.Tenant, "user", "x", "addMember", "member", "m@x", nil))
