@@ -443,6 +443,35 @@ func TestConcurrentActionsKeepOneChain(t *testing.T) {
 	valid, brokenAt, checked := verifyChain(t, sys, owner)
 	assert.True(t, valid, "broken at %d", brokenAt)
 	assert.Equal(t, goroutines*each, checked)
+
+	// Pages of 10, newest first, follow one another without a gap.
+	var paged []int64
+	var after *string
+	for {
+		var page struct {
+			AuditLog struct {
+				Edges    []struct{ Node auditRow }
+				PageInfo struct {
+					HasNextPage bool
+					EndCursor   *string
+				}
+			}
+		}
+		sys.GraphQL(owner, `query($a: String) { auditLog(first: 10, after: $a, filter: {action: "pauseQueue"}) {
+			edges { node { seq } } pageInfo { hasNextPage endCursor } } }`, map[string]any{"a": after}).Decode(t, &page)
+		for _, e := range page.AuditLog.Edges {
+			paged = append(paged, e.Node.Seq)
+		}
+		if !page.AuditLog.PageInfo.HasNextPage {
+			break
+		}
+		after = page.AuditLog.PageInfo.EndCursor
+	}
+	require.Len(t, paged, goroutines*each)
+	for i, s := range paged {
+		require.Equal(t, int64(goroutines*each-i), s)
+	}
+	assert.Equal(t, []string{"BAD_USER_INPUT"}, sys.GraphQL(owner, `{ auditLog(after: "bm9wZQ") { edges { node { seq } } } }`, nil).Codes())
 }
 
 // TestTheAuditLogIsTheTenantsAndOwnersAndAdminsOnly: tenant B sees none
