@@ -6,7 +6,7 @@ GO    ?= go
 BIN   := bin/composer
 PKGS  := ./...
 
-.PHONY: run test test-cluster bench generate lint migrate services build tools clean
+.PHONY: run test test-cluster bench generate lint lint-chart migrate services build tools clean
 
 # The Redis Cluster scripts/services.sh starts, and the packages whose tests
 # talk to Redis: `make test-cluster` runs them again on it. (-short leaves
@@ -56,13 +56,19 @@ generate:
 	bash scripts/schema-sdl.sh > sdk/schema.graphql
 	$(GO) tool genqlient sdk/client/genqlient.yaml
 
-## lint: gofmt, go vet, and generated code up to date
+## lint: gofmt, go vet, generated code up to date, and the Helm chart rendered and checked
 lint:
 	@files=$$(git ls-files --cached --others --exclude-standard -- '*.go' | grep -v '/testdata/'); \
 	 bad=$$(gofmt -l $$files); \
 	 if [ -n "$$bad" ]; then echo "gofmt needed on:"; echo "$$bad"; exit 1; fi
 	$(GO) vet $(PKGS)
 	@bash scripts/check-generated.sh
+	$(MAKE) --no-print-directory lint-chart
+
+## lint-chart: render deploy/helm/composer with Helm's engine (no cluster, no helm binary) and
+## check every manifest; a module of its own (deploy/helm/lint), so the main module has no Helm dependency
+lint-chart:
+	cd deploy/helm/lint && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 clean:
 	rm -rf bin

@@ -45,6 +45,9 @@ const (
 	// ActionSecretsManage sets, deletes and lists secrets; no action reads
 	// a value back.
 	ActionSecretsManage Action = "secrets:manage"
+	// ActionAuditRead reads and verifies the tenant's audit log: owners
+	// and admins, and admin-scope keys (no narrower scope grants it).
+	ActionAuditRead Action = "audit:read"
 )
 
 // actionScope is the API key scope that grants each action (ScopeAdmin
@@ -61,12 +64,13 @@ var actionScope = map[Action]string{
 	ActionWorkerTasks:    ScopeWorker,
 	ActionEventsWrite:    ScopeEventsWrite,
 	ActionSecretsManage:  ScopeSecretsManage,
+	ActionAuditRead:      ScopeAdmin,
 }
 
 // AllActions returns every action, in a stable order.
 func AllActions() []Action {
 	return []Action{ActionRunsRead, ActionRunsWrite, ActionWorkflowsRead, ActionWorkflowsWrite, ActionKeysManage,
-		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite, ActionSecretsManage}
+		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite, ActionSecretsManage, ActionAuditRead}
 }
 
 // Authorizer answers whether a principal may perform an action. Users are

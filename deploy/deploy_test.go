@@ -33,6 +33,27 @@ func TestComposeFilesAreValid(t *testing.T) {
 	for _, secret := range []string{"COMPOSER_WORKER_TOKEN:", "COMPOSER_WEBHOOK_SECRET_KEY:", "PASSWORD:", "change-me"} {
 		assert.False(t, strings.Contains(text, secret), "the production compose file sets %s itself", secret)
 	}
+	var doc struct {
+		Services map[string]struct {
+			Command   []string       `yaml:"command"`
+			Restart   string         `yaml:"restart"`
+			DependsOn map[string]any `yaml:"depends_on"`
+			Deploy    struct {
+				Replicas int `yaml:"replicas"`
+			} `yaml:"deploy"`
+			Volumes []string `yaml:"volumes"`
+		} `yaml:"services"`
+	}
+	require.NoError(t, yaml.Unmarshal(prod, &doc))
+	assert.Equal(t, []string{"migrate"}, doc.Services["migrate"].Command)
+	assert.Equal(t, "no", doc.Services["migrate"].Restart, "the migration is a job, not a service")
+	assert.Contains(t, doc.Services["server"].DependsOn, "migrate", "servers start after the migration")
+	assert.Equal(t, 2, doc.Services["server"].Deploy.Replicas)
+	assert.GreaterOrEqual(t, doc.Services["worker"].Deploy.Replicas, 1)
+	for _, s := range []string{"postgres", "redis"} {
+		assert.NotEmpty(t, doc.Services[s].Volumes, "%s keeps its data in a volume", s)
+	}
+	assert.Contains(t, text, "--appendonly yes", "Redis persists its streams")
 	env, err := os.ReadFile("composer.env.example")
 	require.NoError(t, err)
 	for _, v := range []string{"COMPOSER_WORKER_TOKEN=", "COMPOSER_WEBHOOK_SECRET_KEY=", "POSTGRES_PASSWORD=", "REDIS_PASSWORD="} {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/lifecycle"
 	"github.com/composer-dev/composer/internal/pg"
@@ -141,6 +142,7 @@ func (c *Coordinator) CreateBulkOperation(ctx context.Context, tenant uuid.UUID,
 		}
 		var err error
 		op, created, err = createBulk(ctx, tx, req, true)
+		audit.Identify(ctx, op.ID.String())
 		return err
 	})
 	if err == nil && created && c.opts.BulkWake != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
@@ -121,6 +122,7 @@ func (c *Coordinator) PublishEvent(ctx context.Context, tenant uuid.UUID, req Pu
 				return errs.E(errs.Conflict, "event id %q was already published with another name or payload", req.ID)
 			}
 			out = Published{Event: ev}
+			audit.Skip(ctx) // a repeat changes nothing
 			return nil
 		}
 		if err != nil {
@@ -135,6 +137,11 @@ func (c *Coordinator) PublishEvent(ctx context.Context, tenant uuid.UUID, req Pu
 		runs, err := c.fireTriggers(ctx, tx, req, payload)
 		if err != nil {
 			return err
+		}
+		if len(delivered) == 0 {
+			// The audit log records events that change runs (resume or
+			// cancel them); starting runs is not audited (see graph/audit.go).
+			audit.Skip(ctx)
 		}
 		runs = append(runs, delivered...)
 		for _, r := range runs {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/pg"
 )
@@ -425,7 +426,8 @@ func (s *Sweeper) maintenanceLoop(ctx context.Context) {
 }
 
 // Maintain creates the partitions of the coming months and, with a
-// retention setting, drops whole months that left it.
+// retention setting, drops whole months that left it; it deletes audit
+// records past their tenant's plan's retention.
 func (s *Sweeper) Maintain(ctx context.Context) error {
 	var made, dropped int
 	if err := s.db.System().QueryRow(ctx, qEnsurePartitions).Scan(&made); err != nil {
@@ -449,6 +451,11 @@ func (s *Sweeper) Maintain(ctx context.Context) error {
 				}
 			}
 		}
+	}
+	// Audit records past their plan's retention, oldest first (each
+	// tenant's kept records stay a contiguous tail of its chain).
+	if _, err := audit.Prune(ctx, s.db); err != nil {
+		return err
 	}
 	if made+dropped > 0 {
 		s.log.Info("partitions maintained", zap.Int("created", made), zap.Int("dropped", dropped))

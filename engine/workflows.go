@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/errs"
@@ -70,7 +71,11 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 	}
 	w := Workflow{ID: uuid.Must(uuid.NewV7()), Name: name, Description: description, LatestVersion: 1}
 	v := Version{WorkflowID: w.ID, Version: 1, Definition: wf.Canonical()}
+	audit.Identify(ctx, w.ID.String())
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
+		if err := gate(ctx, tx); err != nil {
+			return err
+		}
 		err := tx.QueryRow(ctx, qInsertWorkflow, tenant, w.ID, name, description).
 			Scan(&w.CreatedAt, &w.UpdatedAt)
 		if isUniqueViolation(err) {
@@ -98,6 +103,9 @@ func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uui
 	}
 	v := Version{WorkflowID: workflowID, Definition: wf.Canonical()}
 	err = c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
+		if err := gate(ctx, tx); err != nil {
+			return err
+		}
 		err := tx.QueryRow(ctx, qBumpVersion, tenant, workflowID).Scan(&v.Version)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errs.E(errs.NotFound, "workflow %s not found", workflowID)

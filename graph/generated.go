@@ -75,6 +75,37 @@ type ComplexityRoot struct {
 		Scopes     func(childComplexity int) int
 	}
 
+	AuditConnection struct {
+		Edges    func(childComplexity int) int
+		PageInfo func(childComplexity int) int
+	}
+
+	AuditEdge struct {
+		Cursor func(childComplexity int) int
+		Node   func(childComplexity int) int
+	}
+
+	AuditRecord struct {
+		Action        func(childComplexity int) int
+		At            func(childComplexity int) int
+		Detail        func(childComplexity int) int
+		Outcome       func(childComplexity int) int
+		PrincipalID   func(childComplexity int) int
+		PrincipalKind func(childComplexity int) int
+		Seq           func(childComplexity int) int
+		TargetID      func(childComplexity int) int
+		TargetType    func(childComplexity int) int
+	}
+
+	AuditVerification struct {
+		BrokenAt func(childComplexity int) int
+		Checked  func(childComplexity int) int
+		FirstSeq func(childComplexity int) int
+		LastSeq  func(childComplexity int) int
+		Problem  func(childComplexity int) int
+		Valid    func(childComplexity int) int
+	}
+
 	BulkFilter struct {
 		CreatedAfter  func(childComplexity int) int
 		CreatedBefore func(childComplexity int) int
@@ -243,6 +274,8 @@ type ComplexityRoot struct {
 
 	Query struct {
 		APIKeys           func(childComplexity int, first *int, after *uuid.UUID) int
+		AuditLog          func(childComplexity int, first *int, after *string, filter *model.AuditFilter) int
+		AuditVerify       func(childComplexity int) int
 		BulkOperation     func(childComplexity int, id uuid.UUID) int
 		BulkOperations    func(childComplexity int, first *int, after *uuid.UUID) int
 		ConcurrencyKeys   func(childComplexity int, workflowID uuid.UUID, first *int) int
@@ -669,6 +702,8 @@ type QueryResolver interface {
 	APIKeys(ctx context.Context, first *int, after *uuid.UUID) ([]auth.Key, error)
 	Members(ctx context.Context) ([]auth.Member, error)
 	Workers(ctx context.Context) ([]taskpoll.Worker, error)
+	AuditLog(ctx context.Context, first *int, after *string, filter *model.AuditFilter) (*model.AuditConnection, error)
+	AuditVerify(ctx context.Context) (*model.AuditVerification, error)
 	InvoicePreview(ctx context.Context, period *string) (*model.Invoice, error)
 	BulkOperation(ctx context.Context, id uuid.UUID) (*engine.BulkOperation, error)
 	BulkOperations(ctx context.Context, first *int, after *uuid.UUID) ([]engine.BulkOperation, error)
@@ -815,6 +850,124 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ApiKey.Scopes(childComplexity), true
+
+	case "AuditConnection.edges":
+		if e.ComplexityRoot.AuditConnection.Edges == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditConnection.Edges(childComplexity), true
+	case "AuditConnection.pageInfo":
+		if e.ComplexityRoot.AuditConnection.PageInfo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditConnection.PageInfo(childComplexity), true
+
+	case "AuditEdge.cursor":
+		if e.ComplexityRoot.AuditEdge.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditEdge.Cursor(childComplexity), true
+	case "AuditEdge.node":
+		if e.ComplexityRoot.AuditEdge.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditEdge.Node(childComplexity), true
+
+	case "AuditRecord.action":
+		if e.ComplexityRoot.AuditRecord.Action == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.Action(childComplexity), true
+	case "AuditRecord.at":
+		if e.ComplexityRoot.AuditRecord.At == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.At(childComplexity), true
+	case "AuditRecord.detail":
+		if e.ComplexityRoot.AuditRecord.Detail == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.Detail(childComplexity), true
+	case "AuditRecord.outcome":
+		if e.ComplexityRoot.AuditRecord.Outcome == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.Outcome(childComplexity), true
+	case "AuditRecord.principalId":
+		if e.ComplexityRoot.AuditRecord.PrincipalID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.PrincipalID(childComplexity), true
+	case "AuditRecord.principalKind":
+		if e.ComplexityRoot.AuditRecord.PrincipalKind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.PrincipalKind(childComplexity), true
+	case "AuditRecord.seq":
+		if e.ComplexityRoot.AuditRecord.Seq == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.Seq(childComplexity), true
+	case "AuditRecord.targetId":
+		if e.ComplexityRoot.AuditRecord.TargetID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.TargetID(childComplexity), true
+	case "AuditRecord.targetType":
+		if e.ComplexityRoot.AuditRecord.TargetType == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.TargetType(childComplexity), true
+
+	case "AuditVerification.brokenAt":
+		if e.ComplexityRoot.AuditVerification.BrokenAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.BrokenAt(childComplexity), true
+	case "AuditVerification.checked":
+		if e.ComplexityRoot.AuditVerification.Checked == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.Checked(childComplexity), true
+	case "AuditVerification.firstSeq":
+		if e.ComplexityRoot.AuditVerification.FirstSeq == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.FirstSeq(childComplexity), true
+	case "AuditVerification.lastSeq":
+		if e.ComplexityRoot.AuditVerification.LastSeq == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.LastSeq(childComplexity), true
+	case "AuditVerification.problem":
+		if e.ComplexityRoot.AuditVerification.Problem == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.Problem(childComplexity), true
+	case "AuditVerification.valid":
+		if e.ComplexityRoot.AuditVerification.Valid == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.Valid(childComplexity), true
 
 	case "BulkFilter.createdAfter":
 		if e.ComplexityRoot.BulkFilter.CreatedAfter == nil {
@@ -1724,6 +1877,23 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.APIKeys(childComplexity, args["first"].(*int), args["after"].(*uuid.UUID)), true
+	case "Query.auditLog":
+		if e.ComplexityRoot.Query.AuditLog == nil {
+			break
+		}
+
+		args, err := ec.field_Query_auditLog_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.AuditLog(childComplexity, args["first"].(*int), args["after"].(*string), args["filter"].(*model.AuditFilter)), true
+	case "Query.auditVerify":
+		if e.ComplexityRoot.Query.AuditVerify == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Query.AuditVerify(childComplexity), true
 	case "Query.bulkOperation":
 		if e.ComplexityRoot.Query.BulkOperation == nil {
 			break
@@ -3383,6 +3553,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	ec := newExecutionContext(opCtx, e, make(chan graphql.DeferredResult))
 	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
 		return graphql.NewInputUnmarshalerIndex(
+			graphql.NewInputUnmarshaler("AuditFilter", ec.unmarshalInputAuditFilter),
 			graphql.NewInputUnmarshaler("CreateApiKeyInput", ec.unmarshalInputCreateApiKeyInput),
 			graphql.NewInputUnmarshaler("CreateBulkOperationInput", ec.unmarshalInputCreateBulkOperationInput),
 			graphql.NewInputUnmarshaler("CreateScheduleInput", ec.unmarshalInputCreateScheduleInput),
@@ -3486,7 +3657,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
+//go:embed "audit.graphqls" "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -3498,6 +3669,7 @@ func sourceData(filename string) string {
 }
 
 var sources = []*ast.Source{
+	{Name: "audit.graphqls", Input: sourceData("audit.graphqls"), BuiltIn: false},
 	{Name: "billing.graphqls", Input: sourceData("billing.graphqls"), BuiltIn: false},
 	{Name: "bulk.graphqls", Input: sourceData("bulk.graphqls"), BuiltIn: false},
 	{Name: "concurrency.graphqls", Input: sourceData("concurrency.graphqls"), BuiltIn: false},
@@ -3536,6 +3708,68 @@ func (ec *executionContext) childFields_ApiKey(ctx context.Context, field graphq
 		return ec.fieldContext_ApiKey_lastUsedAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ApiKey", field.Name)
+}
+
+func (ec *executionContext) childFields_AuditConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "edges":
+		return ec.fieldContext_AuditConnection_edges(ctx, field)
+	case "pageInfo":
+		return ec.fieldContext_AuditConnection_pageInfo(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AuditConnection", field.Name)
+}
+
+func (ec *executionContext) childFields_AuditEdge(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "cursor":
+		return ec.fieldContext_AuditEdge_cursor(ctx, field)
+	case "node":
+		return ec.fieldContext_AuditEdge_node(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AuditEdge", field.Name)
+}
+
+func (ec *executionContext) childFields_AuditRecord(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "seq":
+		return ec.fieldContext_AuditRecord_seq(ctx, field)
+	case "at":
+		return ec.fieldContext_AuditRecord_at(ctx, field)
+	case "principalKind":
+		return ec.fieldContext_AuditRecord_principalKind(ctx, field)
+	case "principalId":
+		return ec.fieldContext_AuditRecord_principalId(ctx, field)
+	case "action":
+		return ec.fieldContext_AuditRecord_action(ctx, field)
+	case "targetType":
+		return ec.fieldContext_AuditRecord_targetType(ctx, field)
+	case "targetId":
+		return ec.fieldContext_AuditRecord_targetId(ctx, field)
+	case "outcome":
+		return ec.fieldContext_AuditRecord_outcome(ctx, field)
+	case "detail":
+		return ec.fieldContext_AuditRecord_detail(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AuditRecord", field.Name)
+}
+
+func (ec *executionContext) childFields_AuditVerification(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "valid":
+		return ec.fieldContext_AuditVerification_valid(ctx, field)
+	case "checked":
+		return ec.fieldContext_AuditVerification_checked(ctx, field)
+	case "firstSeq":
+		return ec.fieldContext_AuditVerification_firstSeq(ctx, field)
+	case "lastSeq":
+		return ec.fieldContext_AuditVerification_lastSeq(ctx, field)
+	case "brokenAt":
+		return ec.fieldContext_AuditVerification_brokenAt(ctx, field)
+	case "problem":
+		return ec.fieldContext_AuditVerification_problem(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AuditVerification", field.Name)
 }
 
 func (ec *executionContext) childFields_BulkFilter(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -5294,6 +5528,36 @@ func (ec *executionContext) field_Query_apiKeys_args(ctx context.Context, rawArg
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_auditLog_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "first",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["first"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "after",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["after"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "filter",
+		func(ctx context.Context, v any) (*model.AuditFilter, error) {
+			return ec.unmarshalOAuditFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditFilter(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["filter"] = arg2
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_bulkOperation_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -6065,6 +6329,470 @@ func (ec *executionContext) _ApiKey_lastUsedAt(ctx context.Context, field graphq
 }
 func (ec *executionContext) fieldContext_ApiKey_lastUsedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ApiKey", field, false, false, "Time")
+}
+
+func (ec *executionContext) _AuditConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.AuditConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditConnection_edges(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Edges, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.AuditEdge) graphql.Marshaler {
+			return ec.marshalNAuditEdge2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditEdgeᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditConnection_edges(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AuditConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AuditEdge(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AuditConnection_pageInfo(ctx context.Context, field graphql.CollectedField, obj *model.AuditConnection) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditConnection_pageInfo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PageInfo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PageInfo) graphql.Marshaler {
+			return ec.marshalNPageInfo2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐPageInfo(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditConnection_pageInfo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AuditConnection",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PageInfo(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AuditEdge_cursor(ctx context.Context, field graphql.CollectedField, obj *model.AuditEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditEdge_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditEdge_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditEdge", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditEdge_node(ctx context.Context, field graphql.CollectedField, obj *model.AuditEdge) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditEdge_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AuditRecord) graphql.Marshaler {
+			return ec.marshalNAuditRecord2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditRecord(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditEdge_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "AuditEdge",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AuditRecord(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _AuditRecord_seq(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_seq(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Seq, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_seq(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _AuditRecord_at(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_at(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.At, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_at(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "Time")
+}
+
+func (ec *executionContext) _AuditRecord_principalKind(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_principalKind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PrincipalKind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.PrincipalKind) graphql.Marshaler {
+			return ec.marshalNPrincipalKind2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐPrincipalKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_principalKind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "PrincipalKind")
+}
+
+func (ec *executionContext) _AuditRecord_principalId(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_principalId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PrincipalID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_principalId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditRecord_action(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_action(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Action, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_action(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditRecord_targetType(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_targetType(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.TargetType, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_targetType(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditRecord_targetId(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_targetId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.TargetID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_targetId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditRecord_outcome(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_outcome(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Outcome, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_outcome(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditRecord_detail(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_detail(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Detail, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
+			return ec.marshalNJSON2encodingᚋjsonᚐRawMessage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_detail(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "JSON")
+}
+
+func (ec *executionContext) _AuditVerification_valid(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_valid(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Valid, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_valid(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _AuditVerification_checked(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_checked(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Checked, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_checked(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int")
+}
+
+func (ec *executionContext) _AuditVerification_firstSeq(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_firstSeq(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FirstSeq, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_firstSeq(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _AuditVerification_lastSeq(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_lastSeq(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastSeq, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_lastSeq(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _AuditVerification_brokenAt(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_brokenAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.BrokenAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_brokenAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _AuditVerification_problem(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_problem(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Problem, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_problem(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "String")
 }
 
 func (ec *executionContext) _BulkFilter_status(ctx context.Context, field graphql.CollectedField, obj *model.BulkFilter) (ret graphql.Marshaler) {
@@ -9961,6 +10689,82 @@ func (ec *executionContext) fieldContext_Query_workers(_ context.Context, field 
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_Worker(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_auditLog(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_auditLog(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().AuditLog(ctx, fc.Args["first"].(*int), fc.Args["after"].(*string), fc.Args["filter"].(*model.AuditFilter))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AuditConnection) graphql.Marshaler {
+			return ec.marshalNAuditConnection2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditConnection(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_auditLog(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AuditConnection(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_auditLog_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_auditVerify(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_auditVerify(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Query().AuditVerify(ctx)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AuditVerification) graphql.Marshaler {
+			return ec.marshalNAuditVerification2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditVerification(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_auditVerify(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AuditVerification(ctx, field)
 		},
 	}
 	return fc, nil
@@ -17353,6 +18157,90 @@ func (ec *executionContext) fieldContext___Type_isOneOf(_ context.Context, field
 
 // region    **************************** input.gotpl *****************************
 
+func (ec *executionContext) unmarshalInputAuditFilter(ctx context.Context, obj any) (model.AuditFilter, error) {
+	var it model.AuditFilter
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"action", "principalKind", "principalId", "targetType", "targetId", "since", "until"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "action":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("action"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Action = data
+		case "principalKind":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("principalKind"))
+			data, err := ec.unmarshalOPrincipalKind2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐPrincipalKind(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.PrincipalKind = data
+		case "principalId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("principalId"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.PrincipalID = data
+		case "targetType":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("targetType"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.TargetType = data
+		case "targetId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("targetId"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.TargetID = data
+		case "since":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("since"))
+			data, err := ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Since = data
+		case "until":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("until"))
+			data, err := ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Until = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalAuditFilter unmarshals raw into the AuditFilter input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalAuditFilter(ctx context.Context, raw any) (model.AuditFilter, error) {
+	var out model.AuditFilter
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "AuditFilter", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputCreateApiKeyInput(ctx context.Context, obj any) (model.CreateAPIKeyInput, error) {
 	var it model.CreateAPIKeyInput
 	if obj == nil {
@@ -18237,6 +19125,213 @@ func (ec *executionContext) _ApiKey(ctx context.Context, sel ast.SelectionSet, o
 			}
 		case "lastUsedAt":
 			out.Values[i] = ec._ApiKey_lastUsedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var auditConnectionImplementors = []string{"AuditConnection"}
+
+func (ec *executionContext) _AuditConnection(ctx context.Context, sel ast.SelectionSet, obj *model.AuditConnection) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, auditConnectionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AuditConnection")
+		case "edges":
+			out.Values[i] = ec._AuditConnection_edges(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pageInfo":
+			out.Values[i] = ec._AuditConnection_pageInfo(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var auditEdgeImplementors = []string{"AuditEdge"}
+
+func (ec *executionContext) _AuditEdge(ctx context.Context, sel ast.SelectionSet, obj *model.AuditEdge) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, auditEdgeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AuditEdge")
+		case "cursor":
+			out.Values[i] = ec._AuditEdge_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "node":
+			out.Values[i] = ec._AuditEdge_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var auditRecordImplementors = []string{"AuditRecord"}
+
+func (ec *executionContext) _AuditRecord(ctx context.Context, sel ast.SelectionSet, obj *model.AuditRecord) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, auditRecordImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AuditRecord")
+		case "seq":
+			out.Values[i] = ec._AuditRecord_seq(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "at":
+			out.Values[i] = ec._AuditRecord_at(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "principalKind":
+			out.Values[i] = ec._AuditRecord_principalKind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "principalId":
+			out.Values[i] = ec._AuditRecord_principalId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "action":
+			out.Values[i] = ec._AuditRecord_action(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "targetType":
+			out.Values[i] = ec._AuditRecord_targetType(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "targetId":
+			out.Values[i] = ec._AuditRecord_targetId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "outcome":
+			out.Values[i] = ec._AuditRecord_outcome(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "detail":
+			out.Values[i] = ec._AuditRecord_detail(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var auditVerificationImplementors = []string{"AuditVerification"}
+
+func (ec *executionContext) _AuditVerification(ctx context.Context, sel ast.SelectionSet, obj *model.AuditVerification) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, auditVerificationImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AuditVerification")
+		case "valid":
+			out.Values[i] = ec._AuditVerification_valid(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "checked":
+			out.Values[i] = ec._AuditVerification_checked(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "firstSeq":
+			out.Values[i] = ec._AuditVerification_firstSeq(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "lastSeq":
+			out.Values[i] = ec._AuditVerification_lastSeq(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "brokenAt":
+			out.Values[i] = ec._AuditVerification_brokenAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "problem":
+			out.Values[i] = ec._AuditVerification_problem(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
@@ -19472,6 +20567,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_workers(ctx, field)
+				})
+		case "auditLog":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_auditLog(ctx, field)
+				})
+		case "auditVerify":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_auditVerify(ctx, field)
 				})
 		case "invoicePreview":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -22117,6 +23224,50 @@ func (ec *executionContext) marshalNApiKey2ᚖgithubᚗcomᚋcomposerᚑdevᚋco
 	return ec._ApiKey(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNAuditConnection2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditConnection(ctx context.Context, sel ast.SelectionSet, v *model.AuditConnection) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AuditConnection!")
+		return graphql.Null
+	}
+	return ec._AuditConnection(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNAuditEdge2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditEdge(ctx context.Context, sel ast.SelectionSet, v model.AuditEdge) graphql.Marshaler {
+	return ec._AuditEdge(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNAuditEdge2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditEdgeᚄ(ctx context.Context, sel ast.SelectionSet, v []model.AuditEdge) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAuditEdge2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditEdge(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNAuditRecord2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditRecord(ctx context.Context, sel ast.SelectionSet, v *model.AuditRecord) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AuditRecord!")
+		return graphql.Null
+	}
+	return ec._AuditRecord(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNAuditVerification2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditVerification(ctx context.Context, sel ast.SelectionSet, v *model.AuditVerification) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AuditVerification!")
+		return graphql.Null
+	}
+	return ec._AuditVerification(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalNBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -23449,6 +24600,14 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	return res
 }
 
+func (ec *executionContext) unmarshalOAuditFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditFilter(ctx context.Context, v any) (*model.AuditFilter, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := ec.unmarshalInputAuditFilter(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
 func (ec *executionContext) unmarshalOBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -23563,6 +24722,22 @@ func (ec *executionContext) marshalOJSON2encodingᚋjsonᚐRawMessage(ctx contex
 	_ = ctx
 	res := model.MarshalJSON(v)
 	return res
+}
+
+func (ec *executionContext) unmarshalOPrincipalKind2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐPrincipalKind(ctx context.Context, v any) (*model.PrincipalKind, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.PrincipalKind)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOPrincipalKind2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐPrincipalKind(ctx context.Context, sel ast.SelectionSet, v *model.PrincipalKind) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
 }
 
 func (ec *executionContext) marshalORateLimit2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋtenantsᚐRateLimit(ctx context.Context, sel ast.SelectionSet, v *tenants.RateLimit) graphql.Marshaler {

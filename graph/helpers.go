@@ -49,7 +49,7 @@ func (r *Resolver) wrote(ctx context.Context, id uuid.UUID, v *engine.RunView) *
 
 func (r *Resolver) readRun(ctx context.Context, id uuid.UUID, action auth.Action) (*engine.RunView, error) {
 	var run engine.RunView
-	err := r.inTenant(ctx, action, func(ctx context.Context, tx *pg.Tx) error {
+	err := r.reading(ctx, action, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
 		run, err = engine.GetRun(ctx, tx, id)
 		return err

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/taskpoll"
@@ -57,29 +58,52 @@ func principal(ctx context.Context) (auth.Principal, error) {
 }
 
 // inTenant runs fn in the principal's tenant transaction once the principal
-// may perform action: the one authorization gate of every resolver.
+// may perform action: the one authorization gate of every resolver. In a
+// mutation, the transaction also carries the mutation's audit record
+// (appended last, before its COMMIT; see auditMutations).
 func (r *Resolver) inTenant(ctx context.Context, action auth.Action, fn func(ctx context.Context, tx *pg.Tx) error) error {
 	p, err := principal(ctx)
 	if err != nil {
 		return err
 	}
 	return r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
-		if err := r.Authz.Allowed(ctx, tx, p, action); err != nil {
+		if err := r.allowed(ctx, tx, p, action); err != nil {
 			return err
 		}
 		return fn(ctx, tx)
 	})
 }
 
+// reading is inTenant for a read a mutation makes after its change (its
+// answer read back): the read carries no audit record, whatever its
+// transaction, so a change that committed nothing is not recorded "ok"
+// by the read that follows it.
+func (r *Resolver) reading(ctx context.Context, action auth.Action, fn func(ctx context.Context, tx *pg.Tx) error) error {
+	return r.inTenant(audit.With(ctx, nil), action, fn)
+}
+
+// allowed is the authorization check of a transaction that does a
+// mutation's work: once it passes, the transaction carries the
+// mutation's audit record.
+func (r *Resolver) allowed(ctx context.Context, tx *pg.Tx, p auth.Principal, action auth.Action) error {
+	if err := r.Authz.Allowed(ctx, tx, p, action); err != nil {
+		return err
+	}
+	audit.Seal(ctx, tx)
+	return nil
+}
+
 // authorize checks action in a transaction of its own, for operations
-// whose work is not a coordinator event (workflow definitions) or is not a
-// transaction at all (subscriptions).
+// whose work is not a transaction at all (subscriptions). The check's
+// transaction changes nothing, so it carries no audit record.
 func (r *Resolver) authorize(ctx context.Context, action auth.Action) (auth.Principal, error) {
 	p, err := principal(ctx)
 	if err != nil {
 		return p, err
 	}
-	return p, r.inTenant(ctx, action, func(context.Context, *pg.Tx) error { return nil })
+	return p, r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
+		return r.Authz.Allowed(ctx, tx, p, action)
+	})
 }
 
 // gated returns ctx carrying the principal's authorization for action,
@@ -95,7 +119,7 @@ func (r *Resolver) gated(ctx context.Context, action auth.Action) (context.Conte
 	if !auth.PowerOf(p).Can(action) {
 		return ctx, p, errs.E(errs.Forbidden, "not allowed to %s", action)
 	}
-	return engine.WithGate(ctx, func(ctx context.Context, tx *pg.Tx) error { return r.Authz.Allowed(ctx, tx, p, action) }), p, nil
+	return engine.WithGate(ctx, func(ctx context.Context, tx *pg.Tx) error { return r.allowed(ctx, tx, p, action) }), p, nil
 }
 
 // admitStart gates a run start (see gated) and takes it from the tenant's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
@@ -25,6 +26,7 @@ func (r *Resolver) changeSchedule(ctx context.Context, fn func(ctx context.Conte
 			return err
 		}
 		s, err = fn(ctx, tx)
+		audit.Identify(ctx, s.ID.String())
 		return err
 	})
 	if err != nil {

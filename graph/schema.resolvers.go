@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/engine"
@@ -38,7 +39,7 @@ func (r *memberResolver) Email(ctx context.Context, obj *auth.Member) (*string, 
 
 // CreateWorkflow is the resolver for the createWorkflow field.
 func (r *mutationResolver) CreateWorkflow(ctx context.Context, input model.CreateWorkflowInput) (*model.CreateWorkflowPayload, error) {
-	p, err := r.authorize(ctx, auth.ActionWorkflowsWrite)
+	ctx, p, err := r.gated(ctx, auth.ActionWorkflowsWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +56,7 @@ func (r *mutationResolver) CreateWorkflow(ctx context.Context, input model.Creat
 
 // PublishWorkflowVersion is the resolver for the publishWorkflowVersion field.
 func (r *mutationResolver) PublishWorkflowVersion(ctx context.Context, workflowID uuid.UUID, definition json.RawMessage) (*engine.Version, error) {
-	p, err := r.authorize(ctx, auth.ActionWorkflowsWrite)
+	ctx, p, err := r.gated(ctx, auth.ActionWorkflowsWrite)
 	if err != nil {
 		return nil, err
 	}
@@ -174,6 +175,7 @@ func (r *mutationResolver) CreateAPIKey(ctx context.Context, input model.CreateA
 		}
 		secret, key, err := auth.Keys{Logger: r.Log}.Create(ctx, tx, input.Name, input.Scopes, input.ExpiresAt, p.Subject)
 		out.Secret, out.APIKey = secret, &key
+		audit.Identify(ctx, key.ID.String())
 		return err
 	})
 	if err != nil {

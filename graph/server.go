@@ -101,6 +101,7 @@ func complexity() ComplexityRoot {
 	c.Workflow.Versions = func(child int, first, _ *int) int { return 1 + page(first)*child }
 	c.Query.BulkOperations = func(child int, first *int, _ *uuid.UUID) int { return 1 + page(first)*child }
 	c.Query.PausedQueues = func(child int) int { return 1 + 100*child }
+	c.Query.AuditLog = func(child int, first *int, _ *string, _ *model.AuditFilter) int { return 1 + page(first)*child }
 	return c
 }
 
@@ -142,6 +143,7 @@ func NewHandler(o Options) http.Handler {
 	srv.Use(extension.FixedComplexityLimit(o.MaxComplexity))
 	srv.Use(shapeLimit{maxDepth: o.MaxDepth, maxAliases: o.MaxAliases})
 	srv.Use(responseBudget{max: o.MaxResponse})
+	srv.AroundFields(r.auditMutations)
 	if o.Dev {
 		srv.Use(extension.Introspection{})
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/graph/model"
 	"github.com/composer-dev/composer/internal/errs"
@@ -33,6 +34,7 @@ func (r *mutationResolver) CreateWebhookEndpoint(ctx context.Context, input mode
 		e, secret, err := r.Webhooks.Create(ctx, tx, webhooks.CreateParams{URL: input.URL, Description: desc,
 			EventTypes: input.EventTypes, CreatedBy: p.Subject})
 		out.Endpoint, out.Secret = &e, secret
+		audit.Identify(ctx, e.ID.String())
 		return err
 	})
 	if err != nil {

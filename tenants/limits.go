@@ -46,6 +46,9 @@ type Limits struct {
 	MinScheduleIntervalSeconds int `json:"min_schedule_interval_seconds,omitempty"`
 	// MaxRateLimits bounds the tenant's named step rate limits.
 	MaxRateLimits int `json:"max_rate_limits,omitempty"`
+	// AuditRetentionDays is how long audit records are kept (the sweeper
+	// deletes older ones, oldest first); 0 keeps them.
+	AuditRetentionDays int `json:"audit_retention_days,omitempty"`
 }
 
 // merge returns l with every zero field taken from def.
@@ -89,13 +92,16 @@ func (l Limits) merge(def Limits) Limits {
 	if l.MaxRateLimits == 0 {
 		l.MaxRateLimits = def.MaxRateLimits
 	}
+	if l.AuditRetentionDays == 0 {
+		l.AuditRetentionDays = def.AuditRetentionDays
+	}
 	return l
 }
 
 func (l Limits) validate() error {
 	if l.MaxRunningTasks < 0 || l.MaxQueuedTasks < 0 || l.StartBurst < 0 || l.StartsPerSecond < 0 || l.Weight < 0 || l.Weight > 1000 || l.SpendCapCents < 0 ||
 		l.MaxSignalsPerRun < 0 || l.MaxWorkflowVersions < 0 || l.MaxAPIKeys < 0 || l.MaxWebhookEndpoints < 0 ||
-		l.MaxSchedules < 0 || l.MinScheduleIntervalSeconds < 0 || l.MaxRateLimits < 0 {
+		l.MaxSchedules < 0 || l.MinScheduleIntervalSeconds < 0 || l.MaxRateLimits < 0 || l.AuditRetentionDays < 0 {
 		return errs.E(errs.Invalid, "limits must not be negative (weight at most 1000)")
 	}
 	return nil

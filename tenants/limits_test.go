@@ -41,13 +41,13 @@ func TestOverridesApplyFieldByFieldOverThePlan(t *testing.T) {
 	l, _ := limitsOf(t, db, tn.ID)
 	assert.Equal(t, tenants.Limits{MaxRunningTasks: 10, StartsPerSecond: 5, StartBurst: 20, MaxQueuedTasks: 1000, Weight: 1,
 		MaxSignalsPerRun: 100, MaxWorkflowVersions: 100, MaxAPIKeys: 20, MaxWebhookEndpoints: 5,
-		MaxSchedules: 10, MinScheduleIntervalSeconds: 60, MaxRateLimits: 10}, l, "the free plan")
+		MaxSchedules: 10, MinScheduleIntervalSeconds: 60, MaxRateLimits: 10, AuditRetentionDays: 30}, l, "the free plan")
 
 	require.NoError(t, tenants.Update(ctx, db, tn.ID, tenants.UpdateParams{Plan: "pro", Limits: &tenants.Limits{MaxRunningTasks: 7}, StreamShards: 8}))
 	l, shards := limitsOf(t, db, tn.ID)
 	assert.Equal(t, tenants.Limits{MaxRunningTasks: 7, StartsPerSecond: 50, StartBurst: 200, MaxQueuedTasks: 100000, Weight: 4,
 		MaxSignalsPerRun: 1000, MaxWorkflowVersions: 1000, MaxAPIKeys: 200, MaxWebhookEndpoints: 20,
-		MaxSchedules: 200, MinScheduleIntervalSeconds: 10, MaxRateLimits: 100}, l,
+		MaxSchedules: 200, MinScheduleIntervalSeconds: 10, MaxRateLimits: 100, AuditRetentionDays: 90}, l,
 		"the override, the rest from the new plan")
 	assert.Equal(t, 8, shards)
 

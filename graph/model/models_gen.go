@@ -18,6 +18,60 @@ import (
 	"github.com/google/uuid"
 )
 
+type AuditConnection struct {
+	Edges    []AuditEdge `json:"edges"`
+	PageInfo *PageInfo   `json:"pageInfo"`
+}
+
+type AuditEdge struct {
+	Cursor string       `json:"cursor"`
+	Node   *AuditRecord `json:"node"`
+}
+
+// Narrows the audit log; every given field must match.
+type AuditFilter struct {
+	// A mutation's name, e.g. createApiKey.
+	Action        *string        `json:"action,omitempty"`
+	PrincipalKind *PrincipalKind `json:"principalKind,omitempty"`
+	// A user's subject or an API key's key id.
+	PrincipalID *string `json:"principalId,omitempty"`
+	// workflow, run, api_key, member, queue, bulk_operation, event, rate_limit, schedule, secret, webhook_endpoint, webhook_delivery.
+	TargetType *string `json:"targetType,omitempty"`
+	TargetID   *string `json:"targetId,omitempty"`
+	// Records at or after this time.
+	Since *time.Time `json:"since,omitempty"`
+	// Records before this time.
+	Until *time.Time `json:"until,omitempty"`
+}
+
+type AuditRecord struct {
+	// The record's place in the tenant's chain (1, 2, …).
+	Seq           int64         `json:"seq"`
+	At            time.Time     `json:"at"`
+	PrincipalKind PrincipalKind `json:"principalKind"`
+	PrincipalID   string        `json:"principalId"`
+	Action        string        `json:"action"`
+	TargetType    string        `json:"targetType"`
+	// The target's id (or name, for objects named by the tenant); empty when the action failed before naming one.
+	TargetID string `json:"targetId"`
+	// ok, unchanged, or an error code (FORBIDDEN, NOT_FOUND, …).
+	Outcome string `json:"outcome"`
+	// A small object of the action's arguments (never a secret value, key secret or signing secret).
+	Detail json.RawMessage `json:"detail"`
+}
+
+type AuditVerification struct {
+	Valid bool `json:"valid"`
+	// How many records were checked.
+	Checked int `json:"checked"`
+	// The oldest and newest kept records (null when there is none).
+	FirstSeq *int64 `json:"firstSeq,omitempty"`
+	LastSeq  *int64 `json:"lastSeq,omitempty"`
+	// The first seq at which the chain does not hold (null when valid).
+	BrokenAt *int64  `json:"brokenAt,omitempty"`
+	Problem  *string `json:"problem,omitempty"`
+}
+
 type BulkFilter struct {
 	Status        []RunStatus `json:"status"`
 	WorkflowID    *uuid.UUID  `json:"workflowId,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -163,6 +164,9 @@ type Server struct {
 	caps    billing.CapCache
 	// Background are the server's other loops, run by Run until it stops.
 	Background []lifecycle.Service
+	// draining: shutdown began; /readyz answers 503 while the listener
+	// still serves, for COMPOSER_DRAIN_DELAY.
+	draining atomic.Bool
 }
 
 // Hooks are what every transition writes in its own transaction: usage
@@ -316,6 +320,10 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Admin.Handle("GET /metrics", telemetry.MetricsHandler())
 	healthz := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 	readyz := func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := errors.Join(d.DB.Ping(ctx), d.Redis.Ping(ctx).Err()); err != nil {
@@ -352,9 +360,12 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 		go func() { _ = admin.Serve(aln) }()
 		defer admin.Close()
 	}
+	// The loops outlive ctx by the drain delay, like the listener.
+	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLoops()
 	loops := make(chan error, 1)
 	go func() {
-		loops <- lifecycle.RunAll(ctx, append([]lifecycle.Service{s.Live, s.Enqueuer, s.Sweeper}, s.Background...)...)
+		loops <- lifecycle.RunAll(loopCtx, append([]lifecycle.Service{s.Live, s.Enqueuer, s.Sweeper}, s.Background...)...)
 	}()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -367,6 +378,14 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	case err := <-errc:
 		return fmt.Errorf("http server: %w", err)
 	}
+	// Readiness goes red first, while everything still serves, so load
+	// balancers stop sending requests before the listener closes.
+	s.draining.Store(true)
+	if s.Cfg.DrainDelay > 0 {
+		s.Log.Info("draining: not ready, still serving", zap.Duration("for", s.Cfg.DrainDelay))
+		time.Sleep(s.Cfg.DrainDelay)
+	}
+	stopLoops()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.Cfg.ShutdownTimeout)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)

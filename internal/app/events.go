@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/errs"
@@ -97,7 +98,9 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !auth.PowerOf(p).Can(auth.ActionEventsWrite) {
-		h.fail(w, errs.E(errs.Forbidden, "the API key lacks the %s scope", auth.ScopeEventsWrite), "")
+		err := errs.E(errs.Forbidden, "the API key lacks the %s scope", auth.ScopeEventsWrite)
+		h.audit(ctx, audit.NewEntry(p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", "", nil), err)
+		h.fail(w, err, "")
 		return
 	}
 	var in EventRequest
@@ -134,10 +137,18 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ctx = engine.WithGate(ctx, func(ctx context.Context, tx *pg.Tx) error {
-		return h.s.Authz.Allowed(ctx, tx, p, auth.ActionEventsWrite)
+	// Audited like the publishEvent mutation: the record is sealed into
+	// the publish's transaction by its gate, or written after a refusal.
+	entry := audit.NewEntry(p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", in.ID, map[string]any{"name": in.Name, "via": "rest"})
+	ctx = engine.WithGate(audit.With(ctx, entry), func(ctx context.Context, tx *pg.Tx) error {
+		if err := h.s.Authz.Allowed(ctx, tx, p, auth.ActionEventsWrite); err != nil {
+			return err
+		}
+		audit.Seal(ctx, tx)
+		return nil
 	})
 	res, err := h.s.Coordinator.PublishEvent(ctx, p.TenantID, engine.PublishEvent{ID: in.ID, Name: in.Name, Payload: in.Payload})
+	h.audit(ctx, entry, err)
 	if err != nil {
 		field := ""
 		var e *errs.Error
@@ -160,6 +171,13 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out.Event.Runs = append(out.Event.Runs, b)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// audit records what a publish did not commit (see audit.Finish).
+func (h *eventsHandler) audit(ctx context.Context, e *audit.Entry, err error) {
+	if _, werr := audit.Finish(ctx, h.s.DB, e, err); werr != nil {
+		h.s.Log.Error("audit record not written", zap.Error(werr))
+	}
 }
 
 func (h *eventsHandler) fail(w http.ResponseWriter, err error, field string) {

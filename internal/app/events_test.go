@@ -78,6 +78,29 @@ func TestEventsEndpoint(t *testing.T) {
 	assert.Equal(t, ev, again["event"])
 	status, out = postEvent(t, sys, sys.APIKey(auth.ScopeAdmin), body)
 	assert.Equal(t, http.StatusOK, status, "admin grants events:write")
+	// A publish that changes runs is in the audit log, ok in its
+	// transaction; refusals with their code; one that only started runs,
+	// or repeated, is not recorded.
+	waiting := sys.StartRun(sys.Workflow(`{"nodes": [{"id": "v", "type": "wait", "wait": {"event": "account.verified"}}]}`), `{}`)
+	vstatus, vout := postEvent(t, sys, writer, `{"id": "v-1", "name": "account.verified"}`)
+	require.Equal(t, http.StatusOK, vstatus, "%v", vout)
+	var log struct {
+		AuditLog struct {
+			Edges []struct {
+				Node struct{ PrincipalKind, TargetID, Outcome string }
+			}
+		}
+	}
+	owner := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
+	sys.GraphQL(owner, `{ auditLog(filter: {action: "publishEvent"}) { edges { node { principalKind targetId outcome } } } }`, nil).Decode(t, &log)
+	var outcomes []string
+	for _, e := range log.AuditLog.Edges {
+		assert.Equal(t, "API_KEY", e.Node.PrincipalKind)
+		outcomes = append(outcomes, e.Node.Outcome+" "+e.Node.TargetID)
+	}
+	assert.Equal(t, []string{"ok v-1", "FORBIDDEN ", "FORBIDDEN "}, outcomes)
+	resumed, _ := sys.Run(waiting)
+	assert.Equal(t, "completed", resumed.Status)
 	assert.Equal(t, false, out["created"])
 
 	for _, c := range []struct {

@@ -89,6 +89,12 @@ type Config struct {
 	// BulkParallel is how many runs a server's bulk-operation runner
 	// changes at once.
 	BulkParallel int
+	// DrainDelay is how long `composer server` keeps serving after SIGTERM
+	// with /readyz answering 503 (and /healthz 200), before it stops
+	// accepting connections: long enough for load balancers and Kubernetes
+	// endpoints to stop routing to it (5 s in the deploy files; 0 here,
+	// for development and tests).
+	DrainDelay time.Duration
 
 	// JWTIssuer and JWTAudience must appear in every user token.
 	JWTIssuer, JWTAudience string
@@ -216,6 +222,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_MAX_DELIVERIES", &c.MaxDeliveries, 1, 1000)
 	p.duration("COMPOSER_SHUTDOWN_TIMEOUT", &c.ShutdownTimeout, 0)
 	p.integer("COMPOSER_BULK_PARALLEL", &c.BulkParallel, 1, 64)
+	p.duration("COMPOSER_DRAIN_DELAY", &c.DrainDelay, 0)
 	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
 	p.str("COMPOSER_ADMIN_ADDR", &c.AdminAddr)
 	p.url("COMPOSER_SERVER_URL", &c.ServerURL, "http", "https")

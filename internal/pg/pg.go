@@ -99,13 +99,14 @@ func (db *DB) Close() {
 // QueryRow and SendBatch are exactly those of the caller's statements.
 type Tx struct {
 	// Tenant is the transaction's tenant; uuid.Nil in a system transaction.
-	Tenant      uuid.UUID
-	localOutbox bool
-	conn        *pgxpool.Conn
-	begun       bool
-	committed   bool
-	failed      bool
-	afterCommit []func()
+	Tenant       uuid.UUID
+	localOutbox  bool
+	conn         *pgxpool.Conn
+	begun        bool
+	committed    bool
+	failed       bool
+	afterCommit  []func()
+	beforeCommit []func(b *pgx.Batch)
 }
 
 // As is the transaction seen as scoped to tenant (tx.Tenant), for work a
@@ -120,6 +121,23 @@ func (t *Tx) As(tenant uuid.UUID) *Tx {
 // once the transaction's connection is back in the pool (fn must not use
 // the transaction).
 func (t *Tx) AfterCommit(fn func()) { t.afterCommit = append(t.afterCommit, fn) }
+
+// BeforeCommit registers fn to queue statements that run last in the
+// transaction, in the round trip that commits it (after every statement of
+// the transaction's own work, CommitWith's batch included). A failure of
+// one of them rolls the whole transaction back. The audit log appends this
+// way, so the lock it takes is held only for that round trip.
+func (t *Tx) BeforeCommit(fn func(b *pgx.Batch)) { t.beforeCommit = append(t.beforeCommit, fn) }
+
+// queueBeforeCommit queues the registered before-commit statements into b,
+// once.
+func (t *Tx) queueBeforeCommit(b *pgx.Batch) {
+	hooks := t.beforeCommit
+	t.beforeCommit = nil
+	for _, fn := range hooks {
+		fn(b)
+	}
+}
 
 const (
 	setTenantSQL      = "SELECT set_config('app.tenant_id', $1, true)"
@@ -166,6 +184,7 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 // of b fails, the pipeline stops before the COMMIT and the transaction is
 // rolled back. Results are read through b's queued callbacks.
 func (t *Tx) CommitWith(ctx context.Context, b *pgx.Batch) error {
+	t.queueBeforeCommit(b)
 	b.Queue("COMMIT")
 	if err := t.send(ctx, b).Close(); err != nil {
 		return err
@@ -315,6 +334,11 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 	}()
 	if err := fn(ctx, tx); err != nil {
 		return err
+	}
+	if len(tx.beforeCommit) > 0 && !tx.committed {
+		if err := tx.CommitWith(ctx, &pgx.Batch{}); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
 	}
 	// (Unless nothing was sent, or fn committed with its last batch.)
 	if tx.begun && !tx.committed {
