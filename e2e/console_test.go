@@ -47,7 +47,7 @@ func gqlCall(t *testing.T, base, credential, query string, vars map[string]any, 
 
 // browser starts headless Chromium with the flags a closed network needs
 // and a fresh profile, and returns a context for chromedp actions.
-func browser(t *testing.T, timeout time.Duration) context.Context {
+func browser(t *testing.T) context.Context {
 	t.Helper()
 	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
 		t.Fatalf("Chromium is not installed (/usr/bin/chromium): run scripts/services.sh")
@@ -65,15 +65,22 @@ func browser(t *testing.T, timeout time.Duration) context.Context {
 	// The browser starts on a context without a deadline (a deadline on the
 	// first call would be the browser's); the test's deadline comes after.
 	require.NoError(t, chromedp.Do(bctx))
-	ctx, cancelC := context.WithTimeout(bctx, timeout)
-	t.Cleanup(func() { cancelC(); cancelB(); cancelA() })
-	return ctx
+	t.Cleanup(func() { cancelB(); cancelA() })
+	return bctx
 }
 
-// run runs browser steps in order and fails the test at the first error.
+// run runs browser steps in order, each call within 30 s, and fails the
+// test at the first error with what the page shows then.
 func run(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
-	require.NoError(t, chromedp.Do(ctx, steps...))
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(tctx, steps...); err != nil {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		page, _ := chromedp.Run(dctx, chromedp.Evaluate[string](`location.href + "\n" + document.body.innerText.slice(0, 3000)`))
+		t.Fatalf("browser: %v\npage: %s", err, page)
+	}
 }
 
 func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
@@ -115,6 +122,9 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	env := testenv.New(t)
 	base, _ := startDev(t, env)
 	shots := os.Getenv("COMPOSER_SCREENSHOTS")
+	if shots != "" && !filepath.IsAbs(shots) {
+		shots = filepath.Join("..", shots) // relative to the repository, as `make` runs it
+	}
 	shot := func(ctx context.Context, name string) {
 		if shots == "" {
 			return
@@ -137,7 +147,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	owner := session.Token
 	require.NotEmpty(t, owner)
 
-	ctx := browser(t, 90*time.Second)
+	ctx := browser(t)
 	began := time.Now()
 
 	// Sign in with one click as the demo owner; the credential is in
@@ -212,7 +222,19 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	var same bool
 	run(t, ctx, evalInto(&same, `window.__sameDocument === true`))
 	assert.True(t, same, "the run turned green live, in the same document")
+	run(t, ctx,
+		chromedp.Click(css(`#graph .node[data-node="approve"]`)),
+		poll(`document.querySelector('#node-detail').textContent.includes('looks good')`),
+		poll(`document.querySelectorAll('#timeline tbody tr').length >= 5`),
+	)
 	shot(ctx, "run-graph")
+	// The graph is usable from the keyboard: a focused node opens with Enter.
+	run(t, ctx,
+		chromedp.Focus(css(`#graph .node[data-node="ship"]`)),
+		chromedp.KeyEvent("\r"),
+		poll(`document.querySelector('#node-detail h2').textContent.startsWith('ship')`),
+		poll(`document.querySelectorAll('#node-detail .attempts li').length >= 2 && !document.querySelector('#node-detail').textContent.includes('null')`),
+	)
 
 	// Cancel another run from its page.
 	var started struct {
@@ -235,6 +257,14 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	}
 	gqlCall(t, base, owner, `query($id: ID!) { run(id: $id) { status } }`, map[string]any{"id": other}, &cancelled)
 	assert.Equal(t, "CANCELLED", cancelled.Run.Status)
+	// Re-run it from its failed (here cancelled) nodes: it waits for approval again.
+	run(t, ctx,
+		chromedp.Click(css("#act-rerun")),
+		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
+		chromedp.Click(css(`dialog button[value="ok"]`)),
+		poll(`document.querySelector('h1 .badge').textContent === 'running'`),
+		chromedp.WaitVisible(css(`#waiting button[data-approve="approve"]`)),
+	)
 
 	// The runs list, live: a run started elsewhere appears without a reload.
 	run(t, ctx,
@@ -244,7 +274,21 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	gqlCall(t, base, owner, `mutation($w: ID!) { startRun(input: {workflowId: $w, metadata: {customer: "c_9"}}) { run { id } } }`, map[string]any{"w": wfID}, &started)
 	waiting := started.StartRun.Run.ID
 	run(t, ctx, poll(fmt.Sprintf(`!!document.querySelector('tr[data-run="%s"]')`, waiting)))
-	shot(ctx, "runs-list")
+	// Filters: by metadata, and by status.
+	run(t, ctx,
+		chromedp.SetValue(css("#flt-meta"), "customer=c_7"),
+		chromedp.Click(css(`form.filters button[type="submit"]`)),
+		poll(fmt.Sprintf(`location.search === '?meta=customer%%3Dc_7' && document.querySelectorAll('tr[data-run]').length === 1 && !!document.querySelector('tr[data-run="%s"]')`, other)),
+		js(`composer.navigate('/runs?status=COMPLETED')`),
+		poll(`document.querySelectorAll('tr[data-run]').length === 1 && document.querySelector('tr[data-run]').dataset.status === 'COMPLETED'`),
+		js(`composer.navigate('/runs')`),
+		chromedp.WaitVisible(css(`tr[data-run]`)),
+	)
+	// Every form control of the page has a label.
+	var unlabelled []string
+	run(t, ctx, evalInto(&unlabelled, `[...document.querySelectorAll('input, select, textarea')].filter(el =>
+		!(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.outerHTML)`))
+	assert.Empty(t, unlabelled)
 
 	// A second version, and the side-by-side diff of the two.
 	var def map[string]any
@@ -258,6 +302,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		chromedp.WaitVisible(css("#diff table.diff")),
 		poll(`document.querySelectorAll('#diff tr.d-add, #diff tr.d-chg').length > 0 && document.querySelector('#diff-summary').textContent.includes('between v1 and v2')`),
 	)
+	run(t, ctx, js(`document.querySelector('#diff').closest('section').scrollIntoView()`))
 	shot(ctx, "workflow-diff")
 
 	// Webhooks: an endpoint, a test ping and its delivery.
@@ -279,6 +324,15 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		into(&statsText, chromedp.Text(css("#stats"))),
 	)
 	t.Logf("stats page: %.80s", statsText)
+	assert.Contains(t, statsText, "not available on this server")
+	// The chart itself, drawn from buckets shaped as runStats answers them.
+	var bars int
+	run(t, ctx, into(&bars, chromedp.Evaluate[int](`import('/js/stats.js').then(m => {
+		const b = (h, started, p50) => ({start: '2026-12-01T0' + h + ':00:00Z', started, completed: started - 1, failed: 1, cancelled: 0, p50Ms: p50, p95Ms: p50 * 4, failureRate: 1 / started});
+		const el = m.chart({interval: 'HOUR', buckets: [b(1, 4, 120), b(2, 9, 80), b(3, 2, null)]});
+		return el.querySelectorAll('svg rect.bar').length + 10 * el.querySelectorAll('svg polyline').length;
+	})`, chromedp.EvalAwaitPromise)))
+	assert.Equal(t, 9+20, bars, "three bars per bucket, a line each for p50 and p95")
 
 	// A run of 100 nodes: the page's render, timed in the browser.
 	hundred := map[string]any{}
@@ -310,6 +364,22 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	assert.Less(t, renderMs, 200.0)
 	run(t, ctx, poll(`[...document.querySelectorAll('#graph .node')].every(n => n.dataset.state === 'completed')`))
 	shot(ctx, "run-graph-100")
+
+	// Why a run waits: a sleep until its timer, a handler no worker serves.
+	gqlCall(t, base, owner, `mutation($d: JSON!) { createWorkflow(input: {name: "patient", definition: $d}) { workflow { id } } }`,
+		map[string]any{"d": json.RawMessage(`{"nodes": [{"id": "nap", "type": "sleep", "sleep": {"duration": "1h"}},
+			{"id": "resize", "type": "task", "task": {"handler": "thumbnails"}}]}`)}, &big)
+	gqlCall(t, base, owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": big.CreateWorkflow.Workflow.ID}, &started)
+	var why string
+	run(t, ctx,
+		js(fmt.Sprintf(`composer.navigate('/runs/%s')`, started.StartRun.Run.ID)),
+		poll(`(document.querySelector('#waiting') || {textContent: ''}).textContent.includes('sleeps until') &&
+			document.querySelector('#waiting').textContent.includes('no connected worker serves the handler “thumbnails”')`),
+		into(&why, chromedp.Text(css("#waiting"))),
+	)
+	t.Logf("why it waits: %s", why)
+	run(t, ctx, js(`composer.navigate('/runs')`), poll(`document.querySelectorAll('tr[data-run]').length === 5`))
+	shot(ctx, "runs-list")
 
 	// A viewer sees no buttons it cannot use.
 	viewerSubject := "viewer@example.com"

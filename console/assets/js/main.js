@@ -63,8 +63,13 @@ async function loadViewer() {
   viewer = d.viewer;
 }
 
+let generation = 0;
+
+function runCleanup(fn) { try { fn(); } catch { /* a page's cleanup must not stop navigation */ } }
+
 async function route() {
-  if (cleanup) { try { cleanup(); } catch { /* a page's cleanup must not stop navigation */ } cleanup = null; }
+  const gen = ++generation;
+  if (cleanup) { runCleanup(cleanup); cleanup = null; }
   endAll();
   const path = location.pathname;
   if (!credential()) { if (path !== '/signin') history.replaceState(null, '', '/signin'); return signin(); }
@@ -79,7 +84,10 @@ async function route() {
     return shell(section, async (main) => {
       const mod = await load();
       const params = m.slice(1).map(decodeURIComponent);
-      cleanup = (await mod.page(main, ctx, ...params)) || null;
+      const done = (await mod.page(main, ctx, ...params)) || null;
+      // A page that finished loading after the next navigation ends at once.
+      if (gen !== generation) { if (done) runCleanup(done); return; }
+      cleanup = done;
     });
   }
   return shell(null, (main) => main.append(h('h1', null, 'Not found'), h('p', null, h('a', { href: '/runs' }, 'Back to runs'))));

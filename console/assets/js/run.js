@@ -90,8 +90,9 @@ export async function page(main, ctx, id) {
     if (!selected) { detail.append(h('h2', null, 'Node'), empty('Select a node in the graph (click, or Tab then Enter) to see its input, output, error and attempts.')); return; }
     const n = lay.byId.get(selected);
     const t = tasksByNode().get(selected);
-    const evs = timeline.filter((e) => e.nodeId === selected);
-    detail.append(h('h2', null, selected, ' ', t ? status(t.state) : h('span', { class: 'badge' }, 'not started')),
+    const evs = timeline.filter((e) => e.nodeId === selected || ((e.detail && e.detail.actions) || []).some((a) => a.node === selected));
+    // h() skips absent parts (native append would write "null").
+    detail.append(h('div', null, h('h2', null, selected, ' ', t ? status(t.state) : h('span', { class: 'badge' }, 'not started')),
       h('dl', { class: 'kv' },
         h('dt', null, 'Type'), h('dd', null, n.type),
         t ? [h('dt', null, 'Attempt'), h('dd', null, `${t.attempt} of ${t.maxAttempts}`)] : null,
@@ -104,9 +105,11 @@ export async function page(main, ctx, id) {
       t && t.lastError ? [h('h3', null, 'Error'), h('pre', { class: 'json err' }, JSON.stringify(t.lastError, null, 2))] : null,
       h('h3', null, 'Input'), pre(t ? t.input : null),
       h('h3', null, 'Output'), pre(t ? t.output : null),
-      h('h3', null, 'Attempts'), evs.length ? h('ol', { class: 'attempts' }, evs.map((e) => h('li', null,
+      h('h3', null, 'Attempts and events'), evs.length ? h('ol', { class: 'attempts' }, evs.map((e) => h('li', null,
         h('span', { class: 'mono' }, e.kind), e.attempt ? ` #${e.attempt}` : '', ' · ', fmtTime(e.createdAt),
-        e.detail && Object.keys(e.detail).length ? h('code', { class: 'small' }, ' ' + JSON.stringify(e.detail).slice(0, 160)) : null))) : empty('No events yet.'));
+        ((e.detail && e.detail.actions) || []).filter((a) => a.node === selected).map((a) =>
+          h('div', { class: 'small muted mono' }, a.kind, a.attempt ? ` #${a.attempt}` : '', a.state ? ` → ${a.state}` : '', a.fire_at ? ` at ${fmtTime(a.fire_at)}` : '',
+            a.not_before ? ` retry after ${fmtTime(a.not_before)}` : '', a.error ? ` · ${typeof a.error === 'string' ? a.error : JSON.stringify(a.error)}` : ''))))) : empty('No events yet.')));
   };
   const drawIO = () => {
     clear(ioBox).append(h('div', { class: 'cols' },
@@ -135,8 +138,9 @@ export async function page(main, ctx, id) {
 
   let tlTimer = null;
   const refreshTimeline = () => {
-    clearTimeout(tlTimer);
+    if (tlTimer) return; // one read per 250 ms however many updates come
     tlTimer = setTimeout(async () => {
+      tlTimer = null;
       try { timeline = (await gql(TIMELINE, { id })).run.timeline; drawTimeline(); drawDetail(); drawWaiting(); } catch { /* the next update retries */ }
     }, 250);
   };
@@ -223,6 +227,17 @@ export function parseDuration(s) {
   return any ? total : null;
 }
 
+// timerAt is when the newest timer of this kind for the node fires, from
+// the schedule_timer actions the timeline's events record.
+function timerAt(timeline, node, kind) {
+  for (let i = timeline.length - 1; i >= 0; i--) {
+    for (const a of (timeline[i].detail && timeline[i].detail.actions) || []) {
+      if (a.kind === 'schedule_timer' && a.timer === kind && a.node === node) return a.fire_at;
+    }
+  }
+  return null;
+}
+
 /** whyWaiting explains each thing the run waits for, from its tasks, its definition and the connected workers. */
 export function whyWaiting(run, nodes, workers, timeline) {
   if (run.status !== 'RUNNING' && run.status !== 'QUEUED') return [];
@@ -235,14 +250,15 @@ export function whyWaiting(run, nodes, workers, timeline) {
     const n = byId.get(t.nodeId) || {};
     if (t.state === 'WAITING') {
       if (t.nodeType === 'sleep') {
-        const ev = [...timeline].reverse().find((e) => e.nodeId === t.nodeId && e.detail && (e.detail.until || e.detail.wake_at || e.detail.due_at));
-        let until = ev ? (ev.detail.until || ev.detail.wake_at || ev.detail.due_at) : null;
+        // The timeline records each timer the engine scheduled, with when it fires.
+        let until = timerAt(timeline, t.nodeId, 'sleep');
         const dur = n.sleep && parseDuration(n.sleep.duration);
         if (!until && dur && (t.startedAt || t.createdAt)) until = new Date(new Date(t.startedAt || t.createdAt).getTime() + dur).toISOString();
         out.push({ node: t.nodeId, text: `“${t.nodeId}” sleeps until ${until ? fmtTime(until) : (n.sleep && n.sleep.until) || 'its timer fires'}.` });
       } else if (t.nodeType === 'wait') {
         const w = n.wait || {};
-        const timeout = w.timeout ? ` (times out after ${w.timeout})` : '';
+        const deadline = timerAt(timeline, t.nodeId, 'wait_timeout');
+        const timeout = deadline ? ` (times out at ${fmtTime(deadline)})` : w.timeout ? ` (times out after ${w.timeout})` : '';
         if (w.event) out.push({ node: t.nodeId, text: `“${t.nodeId}” waits for an event “${w.event}”${w.match ? ` matching ${w.match}` : ''}${timeout}.` });
         else if (w.approval) out.push({ node: t.nodeId, approval: true, signal: w.signal || 'approval', text: `“${t.nodeId}” waits for an approval (signal “${w.signal || 'approval'}”)${timeout}.` });
         else out.push({ node: t.nodeId, signal: w.signal, text: `“${t.nodeId}” waits for the signal “${w.signal}”${timeout}.` });

@@ -47,7 +47,7 @@ function label(t, interval) {
   return d.toLocaleTimeString(undefined, { hour: '2-digit', minute: '2-digit' });
 }
 
-function chart(st) {
+export function chart(st) {
   const b = st.buckets;
   const W = 960, H = 300, L = 48, R = 56, T = 16, B = 36;
   const iw = W - L - R, ih = H - T - B;

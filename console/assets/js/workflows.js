@@ -42,6 +42,10 @@ export async function detail(main, ctx, id) {
     left = +selA.value; right = +selB.value;
     const a = pick(left), b = pick(right);
     clear(diffBox).append(a && b ? sideBySide(a, b) : empty('Pick two versions.'));
+    // Open the diff at its first change, with a few lines of context.
+    const wrap = diffBox.querySelector('.diff-wrap');
+    const first = diffBox.querySelector('tr.d-add, tr.d-del, tr.d-chg');
+    if (wrap && first) wrap.scrollTop = Math.max(0, first.offsetTop - 90);
     if (b) render(graphBox, layout(nodesOf(b.definition)), { label: `Graph of ${wf.name} v${b.version}` });
     history.replaceState(null, '', `/workflows/${wf.id}?a=${left}&b=${right}`);
   };
@@ -144,6 +148,8 @@ export async function editor(main, ctx) {
   area.addEventListener('input', () => { problems = new Map(); clearTimeout(timer); timer = setTimeout(redraw, 150); });
   const submit = async (ev) => {
     ev.preventDefault();
+    // A preview still due from typing would clear the answer's problems.
+    clearTimeout(timer);
     let def;
     try { def = JSON.parse(area.value); } catch (e) { clear(status).append(h('div', { class: 'error', role: 'alert' }, 'The definition is not valid JSON: ' + e.message)); return; }
     try {
