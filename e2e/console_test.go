@@ -183,7 +183,9 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		chromedp.WaitVisible(css("#publish")),
 	)
 	var wfs struct {
-		Workflows struct{ Edges []struct{ Node struct{ ID, Name string } } }
+		Workflows struct {
+			Edges []struct{ Node struct{ ID, Name string } }
+		}
 	}
 	gqlCall(t, base, owner, `{ workflows { edges { node { id name } } } }`, nil, &wfs)
 	var wfID string

@@ -23,7 +23,9 @@ func TestViewerPermissionsFollowTheAuthorizer(t *testing.T) {
 	require.NoError(t, err)
 	perms := func(cred string) []string {
 		t.Helper()
-		var out struct{ Viewer struct{ Permissions []string } }
+		var out struct {
+			Viewer struct{ Permissions []string }
+		}
 		sys.GraphQL(cred, `{ viewer { permissions } }`, nil).Decode(t, &out)
 		return out.Viewer.Permissions
 	}
