@@ -100,6 +100,23 @@ func evalInto[T any](out *T, expr string) chromedp.Action[chromedp.Void] {
 	return into(out, chromedp.Evaluate[T](expr))
 }
 
+// lowContrast lists the text elements of the page whose colour against
+// their background is below WCAG AA's 4.5:1.
+const lowContrast = `(() => {
+  const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); }; return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b); };
+  const bg = (el) => { for (; el; el = el.parentElement) { const c = rgb(getComputedStyle(el).backgroundColor); if (c.length === 3 || c[3] > 0.5) return c; } return [255, 255, 255]; };
+  const out = [];
+  for (const el of document.querySelectorAll('main *, header *')) {
+    if (!el.childNodes.length || ![...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim())) continue;
+    if (el.closest('svg') || el.offsetParent === null) continue;
+    const a = lum(rgb(getComputedStyle(el).color)), b = lum(bg(el));
+    const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+    if (ratio < 4.5) out.push(el.tagName + '.' + el.className + ' "' + el.textContent.trim().slice(0, 30) + '" ' + ratio.toFixed(2));
+  }
+  return out;
+})()`
+
 // poll waits until the JavaScript expression is truthy.
 func poll(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
@@ -230,6 +247,9 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		poll(`document.querySelectorAll('#timeline tbody tr').length >= 5`),
 	)
 	shot(ctx, "run-graph")
+	var lowRun []string
+	run(t, ctx, evalInto(&lowRun, lowContrast))
+	assert.Empty(t, lowRun, "text below 4.5:1 on the run page")
 	// The graph is usable from the keyboard: a focused node opens with Enter.
 	run(t, ctx,
 		chromedp.Focus(css(`#graph .node[data-node="ship"]`)),
@@ -291,6 +311,9 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	run(t, ctx, evalInto(&unlabelled, `[...document.querySelectorAll('input, select, textarea')].filter(el =>
 		!(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.outerHTML)`))
 	assert.Empty(t, unlabelled)
+	var low []string
+	run(t, ctx, evalInto(&low, lowContrast))
+	assert.Empty(t, low, "text below 4.5:1 on the runs page")
 
 	// A second version, and the side-by-side diff of the two.
 	var def map[string]any
