@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -405,6 +406,39 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	t.Logf("why it waits: %s", why)
 	run(t, ctx, js(`composer.navigate('/runs')`), poll(`document.querySelectorAll('tr[data-run]').length === 5`))
 	shot(ctx, "runs-list")
+	// Keyset pages: two at a time, "Load more" follows the end cursor.
+	var pages []string
+	run(t, ctx,
+		js(`composer.navigate('/runs?first=2')`),
+		poll(`document.querySelectorAll('tr[data-run]').length === 2 && !document.querySelector('#load-more').hidden`),
+		chromedp.Click(css("#load-more")),
+		poll(`document.querySelectorAll('tr[data-run]').length === 4`),
+		chromedp.Click(css("#load-more")),
+		poll(`document.querySelectorAll('tr[data-run]').length === 5 && document.querySelector('#load-more').hidden`),
+		evalInto(&pages, `[...document.querySelectorAll('tr[data-run]')].map(tr => tr.dataset.run)`),
+	)
+	assert.True(t, sort.SliceIsSorted(pages, func(i, j int) bool { return pages[i] > pages[j] }), "newest first, no repeats: %v", pages)
+
+	// API keys from the admin page: created with scopes, the secret shown once, revoked.
+	var secret string
+	run(t, ctx,
+		js(`composer.navigate('/admin/keys')`),
+		chromedp.WaitVisible(css("#create-key")),
+		chromedp.Click(css("#create-key")),
+		chromedp.WaitVisible(css("#f-name")),
+		chromedp.SetValue(css("#f-name"), "ci deploys"),
+		chromedp.Click(css(`dialog input[value="runs:write"]`)),
+		chromedp.Click(css(`dialog button[value="ok"]`)),
+		chromedp.WaitVisible(css("dialog code.secret")),
+		into(&secret, chromedp.Text(css("dialog code.secret"))),
+		chromedp.Click(css("dialog .btn.primary")),
+		poll(`[...document.querySelectorAll('tr')].some(tr => tr.textContent.includes('ci deploys') && tr.textContent.includes('runs:write'))`),
+		js(`[...document.querySelectorAll('tr')].find(tr => tr.textContent.includes('ci deploys')).querySelector('button[data-revoke]').click()`),
+		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
+		chromedp.Click(css(`dialog button[value="ok"]`)),
+		poll(`[...document.querySelectorAll('tr.revoked')].some(tr => tr.textContent.includes('ci deploys'))`),
+	)
+	assert.True(t, strings.HasPrefix(secret, "cmp_"), "the secret is shown once: %.8s…", secret)
 
 	// A viewer sees no buttons it cannot use.
 	viewerSubject := "viewer@example.com"

@@ -7,6 +7,7 @@ import { h, clear, errorBox, status, fmtTime, fmtDuration, since, shortId, empty
 
 const STATUSES = ['QUEUED', 'RUNNING', 'COMPLETED', 'FAILED', 'CANCELLED'];
 const PAGE = 50;
+const pageSize = () => Math.min(100, Math.max(1, parseInt(new URLSearchParams(location.search).get('first'), 10) || PAGE));
 
 const RUN_FIELDS = `id status workflow { id name } workflowVersion createdAt finishedAt metadata`;
 const RUNS = `query($first: Int, $after: String, $filter: RunFilter) {
@@ -99,7 +100,7 @@ export async function page(main, ctx) {
   const load = async () => {
     more.disabled = true;
     try {
-      const d = await gql(RUNS, { first: PAGE, after: cursor, filter });
+      const d = await gql(RUNS, { first: pageSize(), after: cursor, filter });
       for (const e of d.runs.edges) put(e.node, false);
       cursor = d.runs.pageInfo.endCursor;
       more.hidden = !d.runs.pageInfo.hasNextPage;
