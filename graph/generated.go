@@ -521,11 +521,12 @@ type ComplexityRoot struct {
 	}
 
 	Viewer struct {
-		Kind    func(childComplexity int) int
-		Role    func(childComplexity int) int
-		Scopes  func(childComplexity int) int
-		Subject func(childComplexity int) int
-		Tenant  func(childComplexity int) int
+		Kind        func(childComplexity int) int
+		Permissions func(childComplexity int) int
+		Role        func(childComplexity int) int
+		Scopes      func(childComplexity int) int
+		Subject     func(childComplexity int) int
+		Tenant      func(childComplexity int) int
 	}
 
 	WebhookAttempt struct {
@@ -760,6 +761,7 @@ type TenantUsageResolver interface {
 	AsOf(ctx context.Context, obj *model.TenantUsage) (*time.Time, error)
 }
 type ViewerResolver interface {
+	Permissions(ctx context.Context, obj *model.Viewer) ([]string, error)
 	Tenant(ctx context.Context, obj *model.Viewer) (*tenants.Tenant, error)
 }
 type WebhookDeliveryResolver interface {
@@ -3083,6 +3085,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Viewer.Kind(childComplexity), true
+	case "Viewer.permissions":
+		if e.ComplexityRoot.Viewer.Permissions == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Viewer.Permissions(childComplexity), true
 	case "Viewer.role":
 		if e.ComplexityRoot.Viewer.Role == nil {
 			break
@@ -4452,6 +4460,8 @@ func (ec *executionContext) childFields_Viewer(ctx context.Context, field graphq
 		return ec.fieldContext_Viewer_role(ctx, field)
 	case "scopes":
 		return ec.fieldContext_Viewer_scopes(ctx, field)
+	case "permissions":
+		return ec.fieldContext_Viewer_permissions(ctx, field)
 	case "tenant":
 		return ec.fieldContext_Viewer_tenant(ctx, field)
 	}
@@ -15342,6 +15352,29 @@ func (ec *executionContext) fieldContext_Viewer_scopes(_ context.Context, field 
 	return graphql.NewScalarFieldContext("Viewer", field, false, false, "String")
 }
 
+func (ec *executionContext) _Viewer_permissions(ctx context.Context, field graphql.CollectedField, obj *model.Viewer) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Viewer_permissions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Viewer().Permissions(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Viewer_permissions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Viewer", field, true, true, "String")
+}
+
 func (ec *executionContext) _Viewer_tenant(ctx context.Context, field graphql.CollectedField, obj *model.Viewer) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -22124,6 +22157,12 @@ func (ec *executionContext) _Viewer(ctx context.Context, sel ast.SelectionSet, o
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
+		case "permissions":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Viewer_permissions(ctx, field, obj)
+				})
 		case "tenant":
 			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
 				true, true,

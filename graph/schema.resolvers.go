@@ -621,6 +621,29 @@ func (r *tenantUsageResolver) AsOf(ctx context.Context, obj *model.TenantUsage) 
 	return &asOf, nil
 }
 
+// Permissions is the resolver for the permissions field.
+func (r *viewerResolver) Permissions(ctx context.Context, obj *model.Viewer) ([]string, error) {
+	p, err := principal(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The same check every resolver's gate makes, for each action, in one
+	// transaction of the principal's own tenant (a user's role as of now).
+	out := []string{}
+	err = r.DB.WithTenant(ctx, p.TenantID, func(ctx context.Context, tx *pg.Tx) error {
+		for _, a := range auth.AllActions() {
+			switch err := r.Authz.Allowed(ctx, tx, p, a); {
+			case err == nil:
+				out = append(out, string(a))
+			case errs.KindOf(err) != errs.Forbidden:
+				return err
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // Tenant is the resolver for the tenant field.
 func (r *viewerResolver) Tenant(ctx context.Context, obj *model.Viewer) (*tenants.Tenant, error) {
 	return r.tenant(ctx)

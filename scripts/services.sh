@@ -236,7 +236,13 @@ ensure_toolchain() {
   if ! command -v gcc >/dev/null 2>&1; then apt_install gcc libc6-dev; fi
 }
 
+# The console's browser test (e2e) drives Debian's headless Chromium.
+ensure_chromium() {
+  if [ ! -x /usr/bin/chromium ]; then apt_install chromium; fi
+}
+
 ensure_toolchain
+ensure_chromium
 ensure_postgres
 ensure_max_connections
 ensure_roles_and_db

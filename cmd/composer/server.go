@@ -94,7 +94,7 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	token, err := app.DevToken(ctx, d, tenant, "demo@composer.local", auth.RoleOwner, 30*24*time.Hour)
+	token, err := app.DevToken(ctx, d, tenant, app.DemoOwner, auth.RoleOwner, 30*24*time.Hour)
 	if err != nil {
 		return err
 	}

@@ -376,8 +376,14 @@ type Viewer struct {
 	// For users.
 	Role *Role `json:"role,omitempty"`
 	// For API keys.
-	Scopes []string        `json:"scopes"`
-	Tenant *tenants.Tenant `json:"tenant"`
+	Scopes []string `json:"scopes"`
+	// What the principal may do in its tenant now, as the authorizer decides it
+	// (the role's policy for users, the scopes for keys): runs:read, runs:write,
+	// workflows:read, workflows:write, keys:manage, members:manage,
+	// webhooks:manage, billing:read, worker:tasks, events:write, secrets:manage.
+	// A console shows only the actions these allow.
+	Permissions []string        `json:"permissions"`
+	Tenant      *tenants.Tenant `json:"tenant"`
 }
 
 type WebhookDeliveryConnection struct {

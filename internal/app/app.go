@@ -21,6 +21,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/billing"
+	"github.com/composer-dev/composer/console"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/outbox"
 	"github.com/composer-dev/composer/engine/stream"
@@ -309,6 +310,10 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	s.Mux.Handle("GET /schema.graphql", graph.SchemaHandler())
+	// The console takes every path no other pattern is more specific for
+	// (Go 1.22 patterns: "/graphql", "/v1/tasks/" and "GET /healthz" win), and
+	// answers the server's own prefixes with 404 rather than its page.
+	s.Mux.Handle("/", console.Handler())
 	if d.Cfg.Dev {
 		s.Mux.Handle("GET /playground", graph.Playground("/graphql"))
 	}

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
@@ -69,9 +71,32 @@ func EnsureDemoWorkflow(ctx context.Context, c *engine.Coordinator, tenant uuid.
 	return err
 }
 
+// DemoOwner is the subject of the demo tenant's owner under `composer dev`.
+const DemoOwner = "demo@composer.local"
+
+// PathDevSession is the console's one-click sign-in under `composer dev`:
+// GET says it exists, POST mints a one-hour owner token of the demo tenant.
+// It is mounted by MountDev only, so a server that is not `composer dev`
+// answers 404 (TestDevSessionIsAbsentOutsideDev).
+const PathDevSession = "/v1/dev/session"
+
 // MountDev adds the development endpoints, bound to one tenant. They exist
 // only under `composer dev` (COMPOSER_DEV): no authentication.
 func (s *Server) MountDev(tenant uuid.UUID) {
+	s.Mux.HandleFunc("GET "+PathDevSession, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"subject": DemoOwner, "tenant_id": tenant})
+	})
+	// A page of another origin may post here but cannot read the answer
+	// (no CORS headers), so the token reaches only the console's own origin.
+	s.Mux.HandleFunc("POST "+PathDevSession, func(w http.ResponseWriter, r *http.Request) {
+		token, err := DevToken(r.Context(), s.Deps, tenant, DemoOwner, auth.RoleOwner, time.Hour)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		writeJSON(w, http.StatusOK, map[string]any{"token": token, "subject": DemoOwner, "tenant_id": tenant})
+	})
 	s.Mux.HandleFunc("POST /v1/dev/echo", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		var parsed any = string(body)
