@@ -30,7 +30,7 @@ func TestViewerPermissionsFollowTheAuthorizer(t *testing.T) {
 		return out.Viewer.Permissions
 	}
 	all := []string{"runs:read", "runs:write", "workflows:read", "workflows:write", "keys:manage", "members:manage",
-		"webhooks:manage", "billing:read", "worker:tasks", "events:write", "secrets:manage"}
+		"webhooks:manage", "billing:read", "worker:tasks", "events:write", "secrets:manage", "audit:read"}
 
 	ownerA := sys.Token(sys.Tenant, "same@example.com", auth.RoleOwner)
 	viewerB := sys.Token(b.ID, "same@example.com", auth.RoleViewer)
