@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
@@ -110,7 +111,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 
 func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		// Behind the server's HTTP middleware the request already has its
+		// span (a child of the worker's traceparent); bare, the header is
+		// the parent.
+		ctx := r.Context()
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.HeaderCarrier(r.Header))
+		}
 		caller, err := s.auth(r, false)
 		if err != nil {
 			s.writeError(w, err)

@@ -1,10 +1,20 @@
 // Package telemetry sets up Composer's logging (zap) and OpenTelemetry tracer
-// and meter providers, once per process.
+// and meter providers, once per process, and holds the instrumentation every
+// process shares: the HTTP middleware (server spans, request ids, the access
+// log), spans for PostgreSQL and Redis calls, and the pool-health gauges.
 //
 // Without an OTLP endpoint the providers are real SDK providers with no
 // exporter: spans still get valid ids, so trace context travels from a run's
 // start through the stream to the worker and back, and nothing is sent
 // anywhere.
+//
+// The standard OTEL_* variables are honoured: OTEL_SERVICE_NAME and
+// OTEL_RESOURCE_ATTRIBUTES name the process, OTEL_TRACES_SAMPLER(_ARG) pick
+// the sampler, OTEL_EXPORTER_OTLP_ENDPOINT (or the _TRACES_ / _METRICS_
+// variants, and _HEADERS, _TIMEOUT, …) configure the OTLP/HTTP exporters,
+// which read them themselves. COMPOSER_OTLP_ENDPOINT (host:port, plain
+// HTTP) is kept as an alias when none of the OTEL_EXPORTER_OTLP_* endpoints
+// is set.
 package telemetry
 
 import (
@@ -12,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -51,30 +62,34 @@ func NewLogger(dev bool, level string) (*zap.Logger, error) {
 
 // Options configures Setup.
 type Options struct {
+	// ServiceName names the process unless OTEL_SERVICE_NAME does.
 	ServiceName string
-	// OTLPEndpoint is an OTLP/HTTP endpoint (host:port); empty exports nothing.
+	// OTLPEndpoint (COMPOSER_OTLP_ENDPOINT) is an OTLP/HTTP endpoint
+	// (host:port, plain HTTP), used when no OTEL_EXPORTER_OTLP_* endpoint is
+	// set; empty with none of them exports nothing.
 	OTLPEndpoint string
 }
 
 // Setup installs the global tracer provider, meter provider and W3C
 // propagators. The returned function flushes and stops them.
 func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error, err error) {
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(o.ServiceName)))
-	if err != nil {
-		return nil, fmt.Errorf("telemetry resource: %w", err)
+	res := resource.Default() // reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+	if os.Getenv("OTEL_SERVICE_NAME") == "" {
+		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(o.ServiceName))); err != nil {
+			return nil, fmt.Errorf("telemetry resource: %w", err)
+		}
 	}
+	// (The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER.)
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 	mpOpts := []sdkmetric.Option{sdkmetric.WithResource(res)}
-	if o.OTLPEndpoint != "" {
-		te, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(o.OTLPEndpoint), otlptracehttp.WithInsecure())
-		if err != nil {
-			return nil, fmt.Errorf("otlp trace exporter: %w", err)
-		}
-		me, err := otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpoint(o.OTLPEndpoint), otlpmetrichttp.WithInsecure())
-		if err != nil {
-			return nil, fmt.Errorf("otlp metric exporter: %w", err)
-		}
+	te, me, err := exporters(ctx, o.OTLPEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	if te != nil {
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(te))
+	}
+	if me != nil {
 		mpOpts = append(mpOpts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(me, sdkmetric.WithInterval(15*time.Second))))
 	}
 	// Metrics are always readable at /metrics (Prometheus text format), with
@@ -88,10 +103,45 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 	mp := sdkmetric.NewMeterProvider(mpOpts...)
 	otel.SetTracerProvider(tp)
 	otel.SetMeterProvider(mp)
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	otel.SetTextMapPropagator(Propagator())
 	return func(ctx context.Context) error {
 		return errors.Join(tp.Shutdown(ctx), mp.Shutdown(ctx))
 	}, nil
+}
+
+// Propagator is the W3C trace context and baggage propagator every process
+// installs.
+func Propagator() propagation.TextMapPropagator {
+	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+}
+
+// exporters builds the OTLP exporters the environment asks for: the
+// standard variables first (the exporters read them when built without
+// overriding options), COMPOSER_OTLP_ENDPOINT as the alias of both.
+func exporters(ctx context.Context, alias string) (sdktrace.SpanExporter, sdkmetric.Exporter, error) {
+	std := os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != ""
+	var te sdktrace.SpanExporter
+	var me sdkmetric.Exporter
+	var err error
+	switch {
+	case std || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != "":
+		te, err = otlptracehttp.New(ctx)
+	case alias != "":
+		te, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(alias), otlptracehttp.WithInsecure())
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("otlp trace exporter: %w", err)
+	}
+	switch {
+	case std || os.Getenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") != "":
+		me, err = otlpmetrichttp.New(ctx)
+	case alias != "":
+		me, err = otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpoint(alias), otlpmetrichttp.WithInsecure())
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("otlp metric exporter: %w", err)
+	}
+	return te, me, nil
 }
 
 // MetricsHandler serves the process's metrics in the Prometheus format.
