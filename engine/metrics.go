@@ -127,6 +127,14 @@ var (
 	byStatus = obs.NewLabelled("status")
 )
 
+func init() {
+	obs.OnPrime(func(ctx context.Context) {
+		leaseExpiries.Add(ctx, 0)
+		retries.Add(ctx, 0)
+		eagerDispatches.Add(ctx, 0)
+	})
+}
+
 // countTransition records a committed transition: its kind, its
 // transaction's duration (began: its first statement), the run's end, and
 // the retries and lease expiries it carried.

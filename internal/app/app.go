@@ -94,6 +94,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, 
 		return nil, fmt.Errorf("pool metrics: %w", err)
 	}
 	d.closers = append(d.closers, unregister)
+	obs.Prime(context.Background())
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := d.Redis.Ping(pingCtx).Err(); err != nil {

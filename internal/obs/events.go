@@ -22,6 +22,14 @@ func init() {
 	for _, r := range []string{RefusedStartRate, RefusedQueuedTasks, RefusedUsageCap} {
 		refusalOpt[r] = ObserveAttrsM("reason", r)
 	}
+	OnPrime(func(ctx context.Context) {
+		for _, o := range refusalOpt {
+			refusals.Add(ctx, 0, o)
+		}
+		for _, o := range deadOpt {
+			deadLetters.Add(ctx, 0, o)
+		}
+	})
 }
 
 // Refused counts a refusal for one of the reasons above.

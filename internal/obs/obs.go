@@ -6,6 +6,7 @@
 package obs
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 
@@ -88,4 +89,29 @@ func ObserveAttrsM(kv ...string) metric.MeasurementOption {
 		a = append(a, attribute.String(kv[i], kv[i+1]))
 	}
 	return metric.WithAttributeSet(attribute.NewSet(a...))
+}
+
+var (
+	primeMu sync.Mutex
+	primers []func(context.Context)
+)
+
+// OnPrime registers fn to be run by Prime: it adds zero to a counter's
+// known series, so they exist (at 0) from a process's start — rate() and
+// alerts over them need no "absent" special case, and a scrape shows every
+// metric an operator may query.
+func OnPrime(fn func(context.Context)) {
+	primeMu.Lock()
+	defer primeMu.Unlock()
+	primers = append(primers, fn)
+}
+
+// Prime runs the registered primers; call it once the meter provider is
+// installed (measurements made before are dropped).
+func Prime(ctx context.Context) {
+	primeMu.Lock()
+	defer primeMu.Unlock()
+	for _, fn := range primers {
+		fn(ctx)
+	}
 }
