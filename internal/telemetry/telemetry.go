@@ -18,11 +18,13 @@
 package telemetry
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -73,11 +75,18 @@ type Options struct {
 // Setup installs the global tracer provider, meter provider and W3C
 // propagators. The returned function flushes and stops them.
 func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error, err error) {
-	res := resource.Default() // reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
-	if os.Getenv("OTEL_SERVICE_NAME") == "" {
-		if res, err = resource.Merge(res, resource.NewSchemaless(semconv.ServiceName(o.ServiceName))); err != nil {
-			return nil, fmt.Errorf("telemetry resource: %w", err)
-		}
+	// Our name over the SDK's defaults, OTEL_SERVICE_NAME and
+	// OTEL_RESOURCE_ATTRIBUTES over ours.
+	env, err := resource.New(ctx, resource.WithFromEnv())
+	if err != nil {
+		return nil, fmt.Errorf("telemetry resource: %w", err)
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(o.ServiceName)))
+	if err == nil {
+		res, err = resource.Merge(res, env)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("telemetry resource: %w", err)
 	}
 	// (The sampler is the SDK's default, which reads OTEL_TRACES_SAMPLER.)
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
@@ -94,11 +103,13 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 	}
 	// Metrics are always readable at /metrics (Prometheus text format), with
 	// no tenant ids as labels: tenant-level figures are in the API.
-	prom, err := prometheus.New()
+	// (No scope labels: every series would carry the instrumenting
+	// package's name and version, doubling the exposition's size.)
+	prom, err := prometheus.New(prometheus.WithoutScopeInfo())
 	if err != nil {
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	mpOpts = append(mpOpts, sdkmetric.WithReader(prom))
+	mpOpts = append(mpOpts, sdkmetric.WithReader(prom), sdkmetric.WithView(dropped...))
 	tp := sdktrace.NewTracerProvider(tpOpts...)
 	mp := sdkmetric.NewMeterProvider(mpOpts...)
 	otel.SetTracerProvider(tp)
@@ -144,5 +155,55 @@ func exporters(ctx context.Context, alias string) (sdktrace.SpanExporter, sdkmet
 	return te, me, nil
 }
 
-// MetricsHandler serves the process's metrics in the Prometheus format.
-func MetricsHandler() http.Handler { return promhttp.Handler() }
+// dropped are instruments of libraries we do not chart: otelhttp's body
+// size histograms (request duration is kept).
+var dropped = []sdkmetric.View{
+	sdkmetric.NewView(sdkmetric.Instrument{Name: "http.server.request.body.size"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}}),
+	sdkmetric.NewView(sdkmetric.Instrument{Name: "http.server.response.body.size"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}}),
+}
+
+// MetricsRenderInterval is how long one rendering of /metrics serves
+// scrapes: scrapers polling faster than this (or many at once) share it,
+// so the process renders its metrics at most once per interval whatever
+// the scrape rate. Prometheus scrapes every few seconds at most.
+const MetricsRenderInterval = time.Second
+
+// MetricsHandler serves the process's metrics in the Prometheus text
+// format, rendered at most once per MetricsRenderInterval.
+func MetricsHandler() http.Handler { return &cachedMetrics{next: promhttp.Handler()} }
+
+type cachedMetrics struct {
+	next        http.Handler
+	mu          sync.Mutex
+	at          time.Time
+	body        []byte
+	contentType string
+	status      int
+}
+
+func (c *cachedMetrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	if c.at.IsZero() || time.Since(c.at) >= MetricsRenderInterval {
+		// A plain request: the text format, uncompressed, whoever asked.
+		rec := &recorder{header: http.Header{}, status: http.StatusOK}
+		req, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, "/metrics", nil)
+		c.next.ServeHTTP(rec, req)
+		c.body, c.contentType, c.status, c.at = rec.body.Bytes(), rec.header.Get("Content-Type"), rec.status, time.Now()
+	}
+	body, ct, status := c.body, c.contentType, c.status
+	c.mu.Unlock()
+	w.Header().Set("Content-Type", ct)
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// recorder captures a rendering.
+type recorder struct {
+	header http.Header
+	body   bytes.Buffer
+	status int
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+func (r *recorder) WriteHeader(status int)      { r.status = status }
