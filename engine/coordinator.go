@@ -1096,12 +1096,16 @@ func loadSignals(ctx context.Context, tx *pg.Tx, runID uuid.UUID) ([]sm.Signal, 
 // afterCommit registers what happens once the transition is durable.
 func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, p *persister, ref eventRef) {
 	tenant := tx.Tenant
-	dispatched, fresh, next, began := p.dispatched, p.fresh, p.next, tx.Began()
+	dispatched, fresh, next := p.dispatched, p.fresh, p.next
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.SetName("transition " + sm.Kind(ev))
 		span.SetAttributes(attribute.String("composer.run_id", runID.String()), attribute.String("composer.event", sm.Kind(ev)))
 	}
 	tx.AfterCommit(func() {
+		var took time.Duration // first statement to commit
+		if b := tx.Began(); !b.IsZero() {
+			took = time.Since(b)
+		}
 		switch {
 		case ref.owner == "" || ref.task == uuid.Nil || c.opts.Slots == nil:
 		case next != nil:
@@ -1144,7 +1148,7 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUI
 			c.opts.WakeTimers()
 		}
 		_, expired := ev.(sm.LeaseExpired)
-		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal, began, nretries, expired)
+		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal, took, nretries, expired)
 		if terminal {
 			c.log.Info("run finished", zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("status", string(tr.Status)))
 		} else if ce := c.log.Check(zap.DebugLevel, "transition"); ce != nil {

@@ -136,14 +136,12 @@ func init() {
 }
 
 // countTransition records a committed transition: its kind, its
-// transaction's duration (began: its first statement), the run's end, and
-// the retries and lease expiries it carried.
-func countTransition(ctx context.Context, event, status string, terminal bool, began time.Time, nretries int, expired bool) {
+// transaction's duration (took: first statement to commit), the run's end,
+// and the retries and lease expiries it carried.
+func countTransition(ctx context.Context, event, status string, terminal bool, took time.Duration, nretries int, expired bool) {
 	ev := byEvent.Get(event)
 	transitions.Add(ctx, 1, ev)
-	if !began.IsZero() {
-		commitLatency.Record(ctx, time.Since(began).Seconds(), ev)
-	}
+	commitLatency.Record(ctx, took.Seconds(), ev)
 	if terminal {
 		finished.Add(ctx, 1, byStatus.Get(status))
 	}
