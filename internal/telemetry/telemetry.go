@@ -4,9 +4,10 @@
 // log), spans for PostgreSQL and Redis calls, and the pool-health gauges.
 //
 // Without an OTLP endpoint the providers are real SDK providers with no
-// exporter: spans still get valid ids, so trace context travels from a run's
-// start through the stream to the worker and back, and nothing is sent
-// anywhere.
+// exporter and (unless OTEL_TRACES_SAMPLER says otherwise) a sampler that
+// records nothing: spans still get valid ids, so trace context travels from
+// a run's start through the stream to the worker and back, nothing is sent
+// anywhere, and nothing is spent recording spans nobody reads.
 //
 // The standard OTEL_* variables are honoured: OTEL_SERVICE_NAME and
 // OTEL_RESOURCE_ATTRIBUTES name the process, OTEL_TRACES_SAMPLER(_ARG) pick
@@ -95,8 +96,14 @@ func Setup(ctx context.Context, o Options) (shutdown func(context.Context) error
 	if err != nil {
 		return nil, err
 	}
-	if te != nil {
+	switch {
+	case te != nil:
 		tpOpts = append(tpOpts, sdktrace.WithBatcher(te))
+	case os.Getenv("OTEL_TRACES_SAMPLER") == "":
+		// Nothing exports spans: record none (the hot path then skips the
+		// store spans too), but still give every span valid ids, so trace
+		// context travels with runs, steps and webhooks.
+		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.NeverSample()))
 	}
 	if me != nil {
 		mpOpts = append(mpOpts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(me, sdkmetric.WithInterval(15*time.Second))))

@@ -40,6 +40,7 @@ func TestSetupGivesValidSpanContextsWithoutExporters(t *testing.T) {
 	ctx, span := otel.Tracer("t").Start(context.Background(), "op")
 	defer span.End()
 	assert.True(t, span.SpanContext().IsValid())
+	assert.False(t, span.IsRecording(), "nothing exports: nothing is recorded")
 	carrier := propagation.MapCarrier{}
 	otel.GetTextMapPropagator().Inject(ctx, carrier)
 	assert.NotEmpty(t, carrier["traceparent"])
@@ -75,6 +76,7 @@ func TestMetricsAreRenderedAtMostOncePerInterval(t *testing.T) {
 // well-formed and replaced otherwise.
 func TestOTELServiceNameAndRequestIDs(t *testing.T) {
 	t.Setenv("OTEL_SERVICE_NAME", "from-env")
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_on") // (recorded spans, to read their resource)
 	assert.True(t, validRequestID("abc-123_x.y:z"))
 	assert.False(t, validRequestID("a b"))
 	assert.False(t, validRequestID(strings.Repeat("a", 129)))
