@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/obs"
 	"github.com/composer-dev/composer/internal/pg"
 )
 
@@ -53,7 +54,7 @@ func (a *Authenticator) log() *zap.Logger {
 func (a *Authenticator) Authenticate(ctx context.Context, header string) (Principal, error) {
 	token, err := bearerToken(header)
 	if err != nil {
-		a.failed("header", err)
+		a.failed(ctx, "header", err)
 		return Principal{}, err
 	}
 	if strings.HasPrefix(token, APIKeyPrefix) {
@@ -82,7 +83,7 @@ func bearerToken(header string) (string, error) {
 func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, error) {
 	keyID, secret, err := ParseAPIKey(raw)
 	if err != nil {
-		a.failed("api_key", err)
+		a.failed(ctx, "api_key", err)
 		return Principal{}, err
 	}
 	if a.DB == nil {
@@ -93,7 +94,7 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 		if errs.KindOf(err) != errs.Unauthenticated {
 			err = errs.Wrap(errs.Unavailable, err, "authentication is unavailable")
 		}
-		a.failed("api_key", err, zap.String("key_id", keyID))
+		a.failed(ctx, "api_key", err, zap.String("key_id", keyID))
 		return Principal{}, err
 	}
 	var reason string
@@ -108,7 +109,7 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 	}
 	if reason != "" {
 		err := errs.Wrap(errs.Unauthenticated, errors.New(reason), "invalid API key")
-		a.failed("api_key", err, zap.String("key_id", keyID), zap.Stringer("tenant_id", rec.tenant))
+		a.failed(ctx, "api_key", err, zap.String("key_id", keyID), zap.Stringer("tenant_id", rec.tenant))
 		return Principal{}, err
 	}
 	if rec.lastUsedAt == nil || now.Sub(*rec.lastUsedAt) >= touchEvery {
@@ -116,11 +117,11 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 		// concurrent requests write once; a failed stamp does not fail
 		// the request it records.
 		if _, err := a.DB.Unscoped().Exec(ctx, qKeyTouch, rec.tenant, keyID); err != nil {
-			a.log().Warn("record api key use", zap.String("key_id", keyID), zap.Stringer("tenant_id", rec.tenant), zap.Error(err))
+			a.log().Warn("record api key use", append(obs.LogFields(ctx), zap.String("key_id", keyID), zap.Stringer("tenant_id", rec.tenant), zap.Error(err))...)
 		}
 	}
 	p := Principal{TenantID: rec.tenant, Subject: keyID, Kind: KindAPIKey, Scopes: rec.scopes, ExpiresAt: rec.expiresAt}
-	a.succeeded(p)
+	a.succeeded(ctx, p)
 	return p, nil
 }
 
@@ -131,12 +132,12 @@ func (a *Authenticator) APIKey(ctx context.Context, raw string) (Principal, erro
 func (a *Authenticator) Token(ctx context.Context, token string) (Principal, error) {
 	if a.JWT == nil {
 		err := errs.Wrap(errs.Unauthenticated, errors.New("no JWT verifier configured"), "invalid token")
-		a.failed("jwt", err)
+		a.failed(ctx, "jwt", err)
 		return Principal{}, err
 	}
 	p, err := a.JWT.Verify(token)
 	if err != nil {
-		a.failed("jwt", err)
+		a.failed(ctx, "jwt", err)
 		return Principal{}, err
 	}
 	if a.DB == nil {
@@ -159,28 +160,28 @@ func (a *Authenticator) Token(ctx context.Context, token string) (Principal, err
 		if k := errs.KindOf(err); k != errs.Unauthenticated && k != errs.Unavailable {
 			err = errs.Wrap(errs.Unavailable, err, "authentication is unavailable")
 		}
-		a.failed("jwt", err, zap.Stringer("tenant_id", p.TenantID), zap.String("subject", p.Subject))
+		a.failed(ctx, "jwt", err, zap.Stringer("tenant_id", p.TenantID), zap.String("subject", p.Subject))
 		return Principal{}, err
 	}
-	a.succeeded(p)
+	a.succeeded(ctx, p)
 	return p, nil
 }
 
 // failed logs a failure with its reason; only the database being
 // unavailable is worth a warning, bad credentials are routine.
-func (a *Authenticator) failed(method string, err error, fields ...zap.Field) {
+func (a *Authenticator) failed(ctx context.Context, method string, err error, fields ...zap.Field) {
 	level := zap.InfoLevel
 	if errs.KindOf(err) != errs.Unauthenticated {
 		level = zap.WarnLevel
 	}
 	if ce := a.log().Check(level, "authentication failed"); ce != nil {
-		ce.Write(append(fields, zap.String("method", method), zap.String("reason", err.Error()))...)
+		ce.Write(append(append(fields, obs.LogFields(ctx)...), zap.String("method", method), zap.String("reason", err.Error()))...)
 	}
 }
 
-func (a *Authenticator) succeeded(p Principal) {
+func (a *Authenticator) succeeded(ctx context.Context, p Principal) {
 	if ce := a.log().Check(zap.DebugLevel, "authenticated"); ce != nil {
-		ce.Write(zap.Stringer("tenant_id", p.TenantID), zap.String("subject", p.Subject), zap.String("kind", string(p.Kind)))
+		ce.Write(append(obs.LogFields(ctx), zap.Stringer("tenant_id", p.TenantID), zap.String("subject", p.Subject), zap.String("kind", string(p.Kind)))...)
 	}
 }
 
@@ -194,7 +195,7 @@ func (a *Authenticator) Middleware(next http.Handler) http.Handler {
 		var err error
 		if len(r.Header.Values("Authorization")) > 1 {
 			err = errs.E(errs.Unauthenticated, "malformed Authorization header")
-			a.failed("header", err)
+			a.failed(r.Context(), "header", err)
 		} else {
 			p, err = a.Authenticate(r.Context(), r.Header.Get("Authorization"))
 		}

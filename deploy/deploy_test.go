@@ -2,6 +2,7 @@
 package deploy
 
 import (
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -59,4 +60,54 @@ func TestComposeFilesAreValid(t *testing.T) {
 	for _, v := range []string{"COMPOSER_WORKER_TOKEN=", "COMPOSER_WEBHOOK_SECRET_KEY=", "POSTGRES_PASSWORD=", "REDIS_PASSWORD="} {
 		assert.Contains(t, string(env), v+"\n", "the example leaves %s empty", v)
 	}
+}
+
+// TestAlertRulesHaveRunbooks: the alert rules parse as Prometheus rule
+// groups, and every alert's runbook_url points at a section of
+// docs/OPERATIONS.md that exists. (That every metric they query exists in
+// a real scrape is e2e's TestMetricsCountWhatTheyMeasure.)
+func TestAlertRulesHaveRunbooks(t *testing.T) {
+	b, err := os.ReadFile("prometheus/alerts.yml")
+	require.NoError(t, err)
+	var doc struct {
+		Groups []struct {
+			Name  string `yaml:"name"`
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				For         string            `yaml:"for"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	require.NoError(t, yaml.Unmarshal(b, &doc))
+	ops, err := os.ReadFile("../docs/OPERATIONS.md")
+	require.NoError(t, err)
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(ops), "\n") {
+		if h, ok := strings.CutPrefix(line, "### "); ok {
+			anchors[strings.ToLower(strings.TrimSpace(h))] = true
+		}
+	}
+	n := 0
+	for _, g := range doc.Groups {
+		require.NotEmpty(t, g.Name)
+		for _, r := range g.Rules {
+			n++
+			assert.NotEmpty(t, r.Alert)
+			assert.Contains(t, r.Expr, "composer_", r.Alert)
+			assert.NotEmpty(t, r.Labels["severity"], r.Alert)
+			assert.NotEmpty(t, r.Annotations["summary"], r.Alert)
+			_, anchor, ok := strings.Cut(r.Annotations["runbook_url"], "OPERATIONS.md#")
+			assert.True(t, ok && anchors[anchor], "%s: runbook %q is not a section of docs/OPERATIONS.md", r.Alert, r.Annotations["runbook_url"])
+			assert.Equal(t, strings.ToLower(r.Alert), anchor, "the runbook section is named for its alert")
+		}
+	}
+	assert.GreaterOrEqual(t, n, 8)
+	dash, err := os.ReadFile("grafana/composer.json")
+	require.NoError(t, err)
+	var board map[string]any
+	require.NoError(t, json.Unmarshal(dash, &board), "the dashboard is JSON")
+	assert.NotEmpty(t, board["panels"])
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
@@ -1096,7 +1097,15 @@ func loadSignals(ctx context.Context, tx *pg.Tx, runID uuid.UUID) ([]sm.Signal, 
 func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUID, ev sm.Event, tr sm.Transition, p *persister, ref eventRef) {
 	tenant := tx.Tenant
 	dispatched, fresh, next := p.dispatched, p.fresh, p.next
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetName("transition " + sm.Kind(ev))
+		span.SetAttributes(attribute.String("composer.run_id", runID.String()), attribute.String("composer.event", sm.Kind(ev)))
+	}
 	tx.AfterCommit(func() {
+		var took time.Duration // first statement to commit
+		if b := tx.Began(); !b.IsZero() {
+			took = time.Since(b)
+		}
 		switch {
 		case ref.owner == "" || ref.task == uuid.Nil || c.opts.Slots == nil:
 		case next != nil:
@@ -1121,13 +1130,15 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUI
 		if len(fresh) > 0 {
 			c.opts.PublishNow(context.WithoutCancel(ctx), fresh)
 		}
-		terminal, timers := false, false
+		terminal, timers, nretries := false, false, 0
 		for _, a := range tr.Actions {
 			switch a.(type) {
 			case sm.CompleteRun, sm.FailRun, sm.CancelRun:
 				terminal = true
 			case sm.ScheduleTimer:
 				timers = true
+			case sm.RetryTask:
+				nretries++
 			}
 		}
 		if dispatched && c.opts.Wake != nil {
@@ -1136,7 +1147,8 @@ func (c *Coordinator) afterCommit(ctx context.Context, tx *pg.Tx, runID uuid.UUI
 		if (timers || p.wakeTimers) && c.opts.WakeTimers != nil {
 			c.opts.WakeTimers()
 		}
-		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal)
+		_, expired := ev.(sm.LeaseExpired)
+		countTransition(context.WithoutCancel(ctx), sm.Kind(ev), string(tr.Status), terminal, took, nretries, expired)
 		if terminal {
 			c.log.Info("run finished", zap.Stringer("tenant_id", tenant), zap.Stringer("run_id", runID), zap.String("status", string(tr.Status)))
 		} else if ce := c.log.Check(zap.DebugLevel, "transition"); ce != nil {

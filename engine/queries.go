@@ -495,12 +495,13 @@ const (
 	qRunningLimit = `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`
 	// metrics
 	qFleetGauges = `SELECT
-			(SELECT count(*) FROM task_instances WHERE state = 'pending'),
-			(SELECT count(*) FROM task_instances WHERE state = 'running'),
-			(SELECT count(*) FROM workflow_runs WHERE status = 'running'),
+			(SELECT count(*) FROM (SELECT 1 FROM task_instances WHERE state = 'pending' LIMIT $1) q),
+			(SELECT count(*) FROM (SELECT 1 FROM task_instances WHERE state = 'running' LIMIT $1) q),
 			(SELECT count(*) FROM (SELECT tenant_id, count(*) AS n FROM task_instances
 			    WHERE state = 'running' AND lease_expires_at > now() GROUP BY tenant_id) c
-			  WHERE c.n >= coalesce(composer_tenant_limit(c.tenant_id, 'max_running_tasks'), 2147483647))`
+			  WHERE c.n >= coalesce(composer_tenant_limit(c.tenant_id, 'max_running_tasks'), 2147483647)),
+			coalesce(extract(epoch FROM now() - (SELECT min(next_attempt_at) FROM outbox WHERE next_attempt_at <= now())), 0)::float8`
+	qRunsRunningEstimate = `EXPLAIN (FORMAT JSON) SELECT 1 FROM workflow_runs WHERE status = 'running'`
 	// persist
 	qGuard            = `WITH g AS (%s RETURNING 1) SELECT composer_guard(count(*), $%d) FROM g`
 	qInsertLeasedTask = `INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/obs"
 )
 
 // presentError maps every error to one stable code in extensions.code and a
@@ -25,7 +26,7 @@ func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
 		if ge != nil && ge.Err == nil && len(ge.Path) == 0 {
 			// gqlgen refusing the request itself (a body it cannot decode):
 			// the client's mistake, with gqlgen's description.
-			log.Info("graphql request refused", zap.String("reason", ge.Message))
+			log.Info("graphql request refused", append(obs.LogFields(ctx), zap.String("reason", ge.Message))...)
 			return &gqlerror.Error{Message: ge.Message, Locations: ge.Locations, Extensions: map[string]any{"code": string(errs.Invalid)}}
 		}
 		// The cause, as it is before the message is replaced for the client
@@ -49,7 +50,7 @@ func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
 			}
 		}
 		if kind == errs.Internal {
-			log.Error("graphql resolver failed", zap.String("path", out.Path.String()), zap.String("error", causeText))
+			log.Error("graphql resolver failed", append(obs.LogFields(ctx), zap.String("path", out.Path.String()), zap.String("error", causeText))...)
 		}
 		return out
 	}
@@ -58,7 +59,7 @@ func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
 // recoverPanic turns a resolver panic into an INTERNAL error and logs it.
 func recoverPanic(log *zap.Logger) graphql.RecoverFunc {
 	return func(ctx context.Context, p any) error {
-		log.Error("graphql resolver panicked", zap.String("panic", fmt.Sprint(p)), zap.Stack("stack"))
+		log.Error("graphql resolver panicked", append(obs.LogFields(ctx), zap.String("panic", fmt.Sprint(p)), zap.Stack("stack"))...)
 		return errs.E(errs.Internal, "internal error")
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/obs"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/schedules"
 	"github.com/composer-dev/composer/secrets"
@@ -145,7 +146,7 @@ func (r *Resolver) admit(ctx context.Context, action auth.Action) (context.Conte
 	}
 	wait, err := r.Limiter.Allow(ctx, p.TenantID, limits.StartsPerSecond, limits.StartBurst)
 	if err != nil {
-		r.Log.Warn("rate limiter unavailable; admitting the start", zap.Error(err))
+		r.Log.Warn("rate limiter unavailable; admitting the start", append(obs.LogFields(ctx), zap.Error(err))...)
 		return ctx, p, nil
 	}
 	if wait > 0 {

@@ -144,6 +144,7 @@ func NewHandler(o Options) http.Handler {
 	srv.Use(shapeLimit{maxDepth: o.MaxDepth, maxAliases: o.MaxAliases})
 	srv.Use(responseBudget{max: o.MaxResponse})
 	srv.AroundFields(r.auditMutations)
+	srv.Use(operationType{})
 	if o.Dev {
 		srv.Use(extension.Introspection{})
 	}
@@ -157,6 +158,9 @@ func NewHandler(o Options) http.Handler {
 			srv.ServeHTTP(w, req.WithContext(context.WithValue(req.Context(), sessionKey{}, sess)))
 			return
 		}
+		ctx, op := withOpType(req.Context())
+		defer observeRequest(ctx, op, time.Now())
+		req = req.WithContext(ctx)
 		if req.Method != http.MethodPost {
 			writeError(w, http.StatusMethodNotAllowed, "BAD_REQUEST", "use POST, or a websocket for subscriptions")
 			return

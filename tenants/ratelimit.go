@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/composer-dev/composer/engine/stream"
+	"github.com/composer-dev/composer/internal/obs"
 )
 
 // RateLimiter shapes each tenant's run starts with a token bucket shared by
@@ -88,6 +89,9 @@ func (r *RateLimiter) Allow(ctx context.Context, tenant uuid.UUID, perSecond flo
 	if err != nil {
 		r.downUntil.Store(time.Now().Add(limiterPause).UnixNano())
 		return 0, fmt.Errorf("rate limit: %w", err)
+	}
+	if ms > 0 {
+		obs.Refused(ctx, obs.RefusedStartRate)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }

@@ -61,7 +61,8 @@ const (
 			       next_attempt_at = now() + make_interval(secs => $2), last_attempt_at = now(), updated_at = now()
 			  FROM due WHERE d.tenant_id = due.tenant_id AND d.id = due.id
 			RETURNING d.tenant_id, d.id, d.endpoint_id, d.event_type, d.payload, d.attempts, d.claim,
-			          (SELECT url FROM webhook_endpoints e WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id)`
+			          (SELECT url FROM webhook_endpoints e WHERE e.tenant_id = d.tenant_id AND e.id = d.endpoint_id),
+			          coalesce((SELECT r.traceparent FROM workflow_runs r WHERE r.tenant_id = d.tenant_id AND r.id = d.run_id), '')`
 	qInsertAttempt = `INSERT INTO webhook_attempts (tenant_id, delivery_id, attempt, started_at, error)
 			SELECT t, d, a, now(), 'no outcome: the relay stopped during the attempt'
 			  FROM unnest($1::uuid[], $2::uuid[], $3::int[]) AS x (t, d, a)

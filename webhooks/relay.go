@@ -15,10 +15,15 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/obs"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/ssrf"
 	"github.com/composer-dev/composer/sdk/webhook"
@@ -206,12 +211,16 @@ type claimed struct {
 	claim                uuid.UUID
 	url                  string
 	keys                 [][]byte
+	// traceparent is the run's (its start's trace): the delivery is a span
+	// of that trace, and the endpoint receives it as a traceparent header.
+	traceparent string
 }
 
 // outcome is how an attempt went.
 type outcome struct {
 	status    *int
 	latencyMs int
+	elapsed   time.Duration
 	err       string
 	body      *string
 	ok, gone  bool
@@ -256,6 +265,9 @@ func (r *Relay) deliver(ctx context.Context, c claimed) error {
 	if ctx.Err() != nil {
 		return nil // shutting down: the claim lease hands it to another relay
 	}
+	if c.keys != nil {
+		deliveryDuration.Record(ctx, o.elapsed.Seconds(), deliveryOutcome(o))
+	}
 	return r.record(context.WithoutCancel(ctx), c, o)
 }
 
@@ -278,7 +290,7 @@ func (r *Relay) claim(ctx context.Context, n int, inFlight map[uuid.UUID]int) ([
 		}
 		for rows.Next() {
 			var c claimed
-			if err := rows.Scan(&c.tenant, &c.id, &c.endpoint, &c.eventType, &c.payload, &c.attempt, &c.claim, &c.url); err != nil {
+			if err := rows.Scan(&c.tenant, &c.id, &c.endpoint, &c.eventType, &c.payload, &c.attempt, &c.claim, &c.url, &c.traceparent); err != nil {
 				rows.Close()
 				return fmt.Errorf("claim deliveries: %w", err)
 			}
@@ -344,9 +356,16 @@ func (r *Relay) send(ctx context.Context, c claimed) outcome {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "Composer-Webhooks/1")
 	webhook.Headers(req.Header, MessageID(c.id), time.Now(), body, c.keys...)
+	if c.traceparent != "" {
+		pctx := otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier{"traceparent": c.traceparent})
+		_, span := otel.Tracer("github.com/composer-dev/composer/webhooks").Start(pctx, "webhook "+c.eventType,
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("composer.delivery_id", c.id.String())))
+		defer span.End()
+		otel.GetTextMapPropagator().Inject(trace.ContextWithSpan(ctx, span), propagation.HeaderCarrier(req.Header))
+	}
 	start := time.Now()
 	resp, err := r.client.Do(req)
-	o := outcome{latencyMs: int(time.Since(start).Milliseconds())}
+	o := outcome{latencyMs: int(time.Since(start).Milliseconds()), elapsed: time.Since(start)}
 	if err != nil {
 		o.err = r.describe(req.URL.Hostname(), err)
 		return o
@@ -409,7 +428,9 @@ func (r *Relay) delay(step int) (time.Duration, bool) {
 
 func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 	test := c.eventType == EventTest
-	return r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
+	dead := false
+	err := r.DB.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
+		dead = false
 		var errText *string
 		if o.err != "" {
 			errText = &o.err
@@ -444,6 +465,7 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 				state = StateDead
 			}
 		}
+		dead = state == StateDead && !test
 		tag, err := tx.Exec(ctx, qSettleDelivery,
 			c.tenant, c.id, c.claim, state, wait.Seconds(), o.status, errText)
 		if err != nil {
@@ -475,6 +497,10 @@ func (r *Relay) record(ctx context.Context, c claimed, o outcome) error {
 		}
 		return nil
 	})
+	if err == nil && dead {
+		obs.DeadLettered(ctx, obs.DeadWebhookDelivery, 1)
+	}
+	return err
 }
 
 func (r *Relay) applyRetention(ctx context.Context) error {

@@ -54,6 +54,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/lifecycle"
+	"github.com/composer-dev/composer/internal/obs"
 )
 
 // ErrLeaseLost is the cancellation cause of an execution whose lease is gone.
@@ -608,6 +609,7 @@ func (w *Worker) collect(ctx context.Context, key string, xs []redis.XMessage, o
 // deadLetter moves an undecodable message aside so it is never delivered
 // again, keeping it for inspection.
 func (w *Worker) deadLetter(ctx context.Context, key string, x redis.XMessage, cause error) {
+	obs.DeadLettered(ctx, obs.DeadStreamMessage, 1)
 	w.log.Error("poison message dead-lettered", zap.String("stream", key), zap.String("message_id", x.ID), zap.Error(cause))
 	pipe := w.rdb.Pipeline()
 	pipe.XAdd(ctx, &redis.XAddArgs{Stream: w.names.DeadLetters(), MaxLen: 10_000, Approx: true,
@@ -639,6 +641,7 @@ func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
 // pending list) and retried when the tenant has room; any other is a
 // duplicate or stale and is dropped.
 func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
+	dispatched := time.Now()
 	refs := make([]taskapi.Ref, len(msgs))
 	for i, m := range msgs {
 		refs[i] = taskapi.Ref{Tenant: m.Tenant, Run: m.Run, Task: m.Task, Attempt: m.Attempt}
@@ -666,10 +669,12 @@ func (w *Worker) dispatch(execCtx context.Context, msgs []stream.Message) {
 		}
 	}
 	var dropped []stream.Message
+	handedAt := time.Since(dispatched).Seconds()
 	for i, l := range res.Leases {
 		m := msgs[i]
 		switch {
 		case l.Acquired:
+			handoff.Record(execCtx, handedAt, byQueue.Get(m.Queue))
 			w.start(execCtx, m, l)
 			continue
 		case full[m.Tenant] && w.scheds[m.Queue] != nil:
@@ -870,6 +875,8 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task,
 	defer span.End()
 	log := w.log.With(zap.Stringer("tenant_id", t.Tenant), zap.Stringer("run_id", t.Run), zap.Stringer("task_id", t.ID),
 		zap.Int("attempt", t.Attempt), zap.String("trace_id", span.SpanContext().TraceID().String()))
+	recordWait(ctx, m.Queue, m.EnqueuedAt)
+	began := time.Now()
 
 	runCtx := ctx
 	if t.Config.TimeoutMS > 0 {
@@ -887,6 +894,7 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task,
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseLost) {
 		// Someone else owns the task now (or the run was cancelled): the
 		// result is not ours to report.
+		recordStep(ctx, m.Queue, outcomeLeaseLost, began)
 		log.Info("lease lost; result discarded")
 		span.SetStatus(codes.Error, "lease lost")
 		w.ack(execCtx, m)
@@ -904,6 +912,7 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task,
 		defer cancel()
 	}
 	if err == nil {
+		recordStep(ctx, m.Queue, outcomeCompleted, began)
 		offer := w.eagerOffer(m, since)
 		res := w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
 			return w.complete(ctx, log, taskapi.CompleteRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Output: out, Eager: offer})
@@ -921,6 +930,7 @@ func (w *Worker) execute(ctx, execCtx context.Context, m stream.Message, t Task,
 		f = Retryable(taskapi.CodeExecutionTimeout, "the attempt exceeded its timeout of %s", time.Duration(t.Config.TimeoutMS)*time.Millisecond)
 	}
 	span.SetStatus(codes.Error, f.Code)
+	recordStep(ctx, m.Queue, outcomeFailed, began)
 	w.report(reportCtx, log, m, func(ctx context.Context) (taskapi.ReportResponse, error) {
 		return w.api.Fail(ctx, taskapi.FailRequest{Ref: refOf(m), NodeID: t.NodeID, WorkerID: w.cfg.WorkerID, Retryable: f.Retryable,
 			RetryAfterMillis: f.RetryAfter.Milliseconds(), Error: taskapi.Error{Code: f.Code, Message: f.Message, Details: f.Details}})
@@ -1175,5 +1185,6 @@ func (w *Worker) poison(ctx context.Context, m stream.Message) {
 		w.log.Warn("reporting a poison message failed; it stays pending", zap.Error(err))
 		return
 	}
+	obs.DeadLettered(ctx, obs.DeadMaxDeliveries, 1)
 	w.ack(ctx, m)
 }

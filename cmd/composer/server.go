@@ -52,6 +52,13 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	if env.cfg.AdminAddr != "" {
+		addr, err := app.ServeAdmin(ctx, env.cfg.AdminAddr, app.WorkerAdmin(d))
+		if err != nil {
+			return err
+		}
+		env.log.Info("admin listening", zap.String("addr", addr))
+	}
 	return w.Run(ctx)
 }
 

@@ -39,6 +39,7 @@ import (
 
 	"github.com/composer-dev/composer/engine/stream"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/obs"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/redisconn"
 	"github.com/composer-dev/composer/tenants"
@@ -380,6 +381,7 @@ func (e *Enqueuer) publish(ctx context.Context, batch []row) map[int]error {
 func (e *Enqueuer) settle(ctx context.Context, tx *pg.Tx, batch []row, failed map[int]error) error {
 	var okTenants []uuid.UUID
 	var okIDs []int64
+	dead := 0
 	b := &pgx.Batch{}
 	for i, r := range batch {
 		err, bad := failed[i]
@@ -390,6 +392,7 @@ func (e *Enqueuer) settle(ctx context.Context, tx *pg.Tx, batch []row, failed ma
 		if r.attempts+1 >= e.cfg.MaxAttempts {
 			b.Queue(qDeadLetter,
 				r.tenant, r.id, err.Error())
+			dead++
 			e.log.Error("outbox row dead-lettered", zap.Stringer("tenant_id", r.tenant), zap.Int64("outbox_id", r.id),
 				zap.Stringer("task_id", r.task), zap.Int("attempts", r.attempts+1), zap.Error(err))
 			continue
@@ -404,6 +407,7 @@ func (e *Enqueuer) settle(ctx context.Context, tx *pg.Tx, batch []row, failed ma
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("settle outbox batch: %w", err)
 	}
+	tx.AfterCommit(func() { obs.DeadLettered(ctx, obs.DeadOutboxRow, dead) })
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
@@ -27,6 +28,7 @@ import (
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/obs"
 )
 
 // Caller is an authenticated worker. A platform worker serves every tenant;
@@ -110,10 +112,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 
 func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		// Behind the server's HTTP middleware the request already has its
+		// span (a child of the worker's traceparent); bare, the header is
+		// the parent.
+		ctx := r.Context()
+		if !trace.SpanContextFromContext(ctx).IsValid() {
+			ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.HeaderCarrier(r.Header))
+		}
 		caller, err := s.auth(r, false)
 		if err != nil {
-			s.writeError(w, err)
+			s.writeError(ctx, w, err)
 			return
 		}
 		caller.recheck = func(ctx context.Context) error {
@@ -133,12 +141,12 @@ func handle[In, Out any](s *Server, fn func(context.Context, Caller, In) (Out, e
 				_ = json.NewEncoder(w).Encode(body)
 				return
 			}
-			s.writeError(w, errs.E(errs.Invalid, "bad request body: %v", err))
+			s.writeError(ctx, w, errs.E(errs.Invalid, "bad request body: %v", err))
 			return
 		}
 		out, err := fn(ctx, caller, in)
 		if err != nil {
-			s.writeError(w, err)
+			s.writeError(ctx, w, err)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -164,12 +172,12 @@ var statusOf = map[errs.Kind]int{
 	errs.Unavailable: http.StatusServiceUnavailable,
 }
 
-func (s *Server) writeError(w http.ResponseWriter, err error) {
+func (s *Server) writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	kind := errs.KindOf(err)
 	status, ok := statusOf[kind]
 	if !ok {
 		status = http.StatusInternalServerError
-		s.log.Error("task API request failed", zap.Error(err))
+		s.log.Error("task API request failed", append(obs.LogFields(ctx), zap.Error(err))...)
 	}
 	var body taskapi.ErrorResponse
 	body.Error.Code, body.Error.Message = string(kind), errs.PublicMessage(err)

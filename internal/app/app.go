@@ -32,6 +32,7 @@ import (
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/lifecycle"
+	"github.com/composer-dev/composer/internal/obs"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/pguuid"
 	"github.com/composer-dev/composer/internal/redisconn"
@@ -53,12 +54,16 @@ type Deps struct {
 	// says which).
 	Redis         redis.UniversalClient
 	RedisTopology redisconn.Topology
+	// closers run at Close (unregistering metric callbacks that read the
+	// pools).
+	closers []func()
 }
 
 // Open connects to PostgreSQL (both runtime roles) and Redis. poolOpts
 // adjust the app role's pool (tests attach query tracers).
 func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, poolOpts ...func(*pgxpool.Config)) (*Deps, error) {
 	d := &Deps{Cfg: cfg, Log: log}
+	var pools telemetry.Pools
 	if needDB {
 		app, err := pool(ctx, cfg.DatabaseURL, cfg.DBMaxConns, time.Minute, poolOpts...)
 		if err != nil {
@@ -72,6 +77,7 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, 
 			return nil, fmt.Errorf("COMPOSER_SYSTEM_DATABASE_URL: %w", err)
 		}
 		d.DB = pg.New(app, system, false)
+		pools.App, pools.System = app, system
 	}
 	// Deadlines of contexts bound Redis calls too (not only the socket
 	// timeouts), so a stalled Redis costs a request what it budgeted; the
@@ -82,6 +88,15 @@ func Open(ctx context.Context, cfg config.Config, log *zap.Logger, needDB bool, 
 		return nil, fmt.Errorf("COMPOSER_REDIS_URL: %w", err) // (redisconn never echoes a password)
 	}
 	d.Redis, d.RedisTopology = rdb, topo
+	d.Redis.AddHook(telemetry.RedisHook{})
+	pools.Redis = d.Redis
+	unregister, err := telemetry.RegisterPools(pools)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("pool metrics: %w", err)
+	}
+	d.closers = append(d.closers, unregister)
+	obs.Prime(context.Background())
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := d.Redis.Ping(pingCtx).Err(); err != nil {
@@ -109,6 +124,7 @@ func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration,
 	// start instead, which measured ~30% more steps per second.
 	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	cfg.AfterConnect = pguuid.AfterConnect
+	cfg.ConnConfig.Tracer = telemetry.PgxTracer{}
 	for _, o := range opts {
 		o(cfg)
 	}
@@ -127,6 +143,10 @@ func pool(ctx context.Context, url string, maxConns int, idleInTx time.Duration,
 
 // Close closes every connection.
 func (d *Deps) Close() {
+	for _, f := range d.closers {
+		f()
+	}
+	d.closers = nil
 	if d.DB != nil {
 		d.DB.Close()
 	}
@@ -221,9 +241,16 @@ func (s *Server) admit(ctx context.Context, tx *pg.Tx) error {
 		return err
 	}
 	if full {
+		obs.Refused(ctx, obs.RefusedQueuedTasks)
 		return errs.E(errs.QuotaExceeded, "the tenant already has %d tasks waiting for a worker, the most its plan allows", l.MaxQueuedTasks)
 	}
-	return s.caps.Check(ctx, tx, time.Now())
+	if err := s.caps.Check(ctx, tx, time.Now()); err != nil {
+		if errs.KindOf(err) == errs.QuotaExceeded {
+			obs.Refused(ctx, obs.RefusedUsageCap)
+		}
+		return err
+	}
+	return nil
 }
 
 // ServerOptions adjust a server.
@@ -317,9 +344,11 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	if d.Cfg.Dev {
 		s.Mux.Handle("GET /playground", graph.Playground("/graphql"))
 	}
-	if err := engine.RegisterGauges(d.DB); err != nil {
+	unregister, err := engine.RegisterGauges(d.DB)
+	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
+	d.closers = append(d.closers, unregister)
 	// Fleet metrics are for the operator only; health is on both listeners
 	// (a load balancer probes the public one).
 	s.Admin.Handle("GET /metrics", telemetry.MetricsHandler())
@@ -351,7 +380,7 @@ func (s *Server) Run(ctx context.Context, addr string, ready chan<- string) erro
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: s.Mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
+	srv := &http.Server{Handler: telemetry.Handler(s.Mux, s.Log.Named("http")), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second}
 	var admin *http.Server
 	if s.Cfg.AdminAddr != "" {
@@ -420,4 +449,36 @@ func NewWorker(d *Deps, serverURL string) (*workers.Worker, error) {
 	return workers.New(workers.Config{Queues: d.Cfg.WorkerQueues, Concurrency: d.Cfg.WorkerConcurrency, LeaseTTL: d.Cfg.LeaseTTL,
 		ClaimIdle: d.Cfg.ClaimIdle, MaxDeliveries: int64(d.Cfg.MaxDeliveries), ShutdownTimeout: d.Cfg.ShutdownTimeout,
 		Namespace: d.Cfg.RedisNamespace, NoEager: !d.Cfg.WorkerEager}, d.Redis, api, executors, d.Log.Named("worker")), nil
+}
+
+// WorkerAdmin is a platform worker's operator listener: its metrics
+// (steps, queue waits, hand-offs, Redis pool), /healthz (the process
+// serves) and /readyz (Redis answers).
+func WorkerAdmin(d *Deps) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", telemetry.MetricsHandler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := d.Redis.Ping(ctx).Err(); err != nil {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// ServeAdmin serves an operator listener on addr until ctx ends; it
+// returns the bound address.
+func ServeAdmin(ctx context.Context, addr string, h http.Handler) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("COMPOSER_ADMIN_ADDR: listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 60 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	context.AfterFunc(ctx, func() { _ = srv.Close() })
+	return ln.Addr().String(), nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -99,7 +100,7 @@ func StartTraced(t testing.TB, env *testenv.Env, tracer pgx.QueryTracer, mod ...
 	}
 	var poolOpts []func(*pgxpool.Config)
 	if tracer != nil {
-		poolOpts = append(poolOpts, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tracer })
+		poolOpts = append(poolOpts, func(c *pgxpool.Config) { c.ConnConfig.Tracer = multitracer.New(c.ConnConfig.Tracer, tracer) })
 	}
 	observed, logs := observer.New(zap.InfoLevel)
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel), zaptest.WrapOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {

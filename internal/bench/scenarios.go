@@ -38,7 +38,7 @@ const (
 
 // All lists every scenario in the order they run.
 var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
-	CeilingStream, GraphQLRuns, NoisyNeighbour, PriorityBacklog, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest, BulkCancel}
+	CeilingStream, GraphQLRuns, NoisyNeighbour, PriorityBacklog, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest, BulkCancel, ChainsK16Scraped}
 
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
@@ -98,6 +98,8 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			r, err = runManyTenants(ctx, o, &rep, name, 1, n(2000), false)
 		case EventIngest:
 			r, err = runEventIngest(ctx, o, &rep, n(10_000))
+		case ChainsK16Scraped:
+			r, err = runChainsScraped(ctx, o, &rep, 1_000_000, n(12_000))
 		case BulkCancel:
 			r, err = runBulkCancel(ctx, o, &rep, n(10_000), n(400))
 		case StartThroughput:

@@ -25,6 +25,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/lifecycle"
@@ -103,6 +107,7 @@ type Tx struct {
 	localOutbox  bool
 	conn         *pgxpool.Conn
 	begun        bool
+	began        time.Time
 	committed    bool
 	failed       bool
 	afterCommit  []func()
@@ -116,6 +121,9 @@ type Tx struct {
 func (t *Tx) As(tenant uuid.UUID) *Tx {
 	return &Tx{Tenant: tenant, conn: t.conn, begun: t.begun}
 }
+
+// Began is when the transaction's first statement was sent (zero before).
+func (t *Tx) Began() time.Time { return t.began }
 
 // AfterCommit registers fn to run after a successful commit, in order,
 // once the transaction's connection is back in the pool (fn must not use
@@ -149,7 +157,7 @@ func (t *Tx) prelude() []*pgx.QueuedQuery {
 	if t.begun {
 		return nil
 	}
-	t.begun = true
+	t.begun, t.began = true, time.Now()
 	q := []*pgx.QueuedQuery{{SQL: "BEGIN"}}
 	if t.Tenant != uuid.Nil {
 		sql := setTenantSQL
@@ -317,6 +325,20 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 		return fmt.Errorf("acquire connection: %w", err)
 	}
 	tx := &Tx{Tenant: tenant, localOutbox: localOutbox, conn: conn}
+	// A transaction made while a recording span is in the context (a
+	// request, a worker's report) is a span of its own; the coordinator
+	// names it for the transition it commits. Background loops start none.
+	if trace.SpanFromContext(ctx).IsRecording() {
+		var span trace.Span
+		ctx, span = otel.Tracer("github.com/composer-dev/composer/internal/pg").Start(ctx, "db.transaction",
+			trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("db.system.name", "postgresql")))
+		defer func() {
+			if err != nil {
+				span.SetStatus(codes.Error, err.Error())
+			}
+			span.End()
+		}()
+	}
 	released := false
 	release := func() {
 		if !released {
