@@ -3,6 +3,7 @@ package stats_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/apptest"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/stats"
 )
 
@@ -66,6 +68,10 @@ func BenchmarkDashboardStats1M(b *testing.B) {
 	b.ReportMetric(seed.Seconds(), "seed_s")
 	b.ReportMetric(fold.Seconds(), "fold_s")
 
+	if os.Getenv("STATS_EXPLAIN") != "" {
+		explain(b, sys, wfs[3], now)
+		return
+	}
 	token := sys.Token(sys.Tenant, "viewer@bench", auth.RoleViewer)
 	const statsQ = `query($w: ID, $from: Time!, $to: Time!, $i: StatsInterval!) { runStats(workflowId: $w, from: $from, to: $to, interval: $i) {
 		buckets { start started completed failed cancelled p50Ms p95Ms failureRate } } }`
@@ -108,5 +114,46 @@ func BenchmarkDashboardStats1M(b *testing.B) {
 		}
 		b.ReportMetric(pct(0.50), q.name+"_p50_ms")
 		b.ReportMetric(pct(0.99), q.name+"_p99_ms")
+	}
+}
+
+// explain prints the plans of the counts' statements (STATS_EXPLAIN=1).
+func explain(b *testing.B, sys *apptest.System, wf uuid.UUID, now time.Time) {
+	ctx := context.Background()
+	var wm time.Time
+	require.NoError(b, sys.Env.System.QueryRow(ctx, `SELECT folded_to FROM run_rollup_state`).Scan(&wm))
+	lo, hi := time.Unix(0, 0).UTC(), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		q    string
+		args []any
+	}{
+		{stats.QCensusSum, []any{sys.Tenant, stats.Total, lo, lo, hi, hi, lo, hi}},
+		{stats.QLiveCounts, []any{sys.Tenant, lo, hi, lo, hi, wm, nil}},
+		{stats.QLiveCounts, []any{sys.Tenant, lo, hi, lo, hi, wm, wf}},
+	} {
+		err := sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
+			for range 6 { // past the custom plans
+				rows, err := tx.Query(ctx, c.q, c.args...)
+				if err != nil {
+					return err
+				}
+				rows.Close()
+			}
+			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+c.q, c.args...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var line string
+				if err := rows.Scan(&line); err != nil {
+					return err
+				}
+				fmt.Println(line)
+			}
+			return rows.Err()
+		})
+		require.NoError(b, err)
+		fmt.Println("----")
 	}
 }

@@ -82,19 +82,20 @@ const (
 		    OR (r.width = 86400 AND r.bucket >= $7 AND r.bucket < $8))
 		 GROUP BY st.folded_to`
 	// What the census does not hold, live: runs queued or running created in
-	// [$2, $3); terminal runs created in [$4, $5) that finished since the
-	// watermark $6; terminal runs created in the sub-minute edges [$2, $4)
-	// and [$5, $3). The first two bound the creation through
-	// composer_uuid_time(id) (equal to the id bound for whole milliseconds),
-	// which no index serves: a generic plan cannot tell a wide id range from
-	// a narrow one, and must drive from the status or finish index.
+	// [$2, $3) (the status index, id bounds included); terminal runs created
+	// in [$4, $5) that finished since the watermark $6 (the finish index:
+	// the subquery keeps the id bounds out of its plan, since a generic plan
+	// cannot tell a wide id range from a narrow one and would scan every
+	// terminal run of the range); terminal runs created in the sub-minute
+	// edges [$2, $4) and [$5, $3).
 	qLiveCounts = `SELECT status, count(*) FROM workflow_runs
-		WHERE tenant_id = $1 AND status IN ('queued', 'running') AND composer_uuid_time(id) >= $2 AND composer_uuid_time(id) < $3
+		WHERE tenant_id = $1 AND status IN ('queued', 'running') AND id >= composer_uuid_floor($2) AND id < composer_uuid_floor($3)
 		  AND ($7::uuid IS NULL OR workflow_id = $7) GROUP BY status
 		UNION ALL
-		SELECT status, count(*) FROM workflow_runs
-		WHERE tenant_id = $1 AND finished_at >= $6 AND composer_uuid_time(id) >= $4 AND composer_uuid_time(id) < $5
-		  AND status IN ('completed', 'failed', 'cancelled') AND ($7::uuid IS NULL OR workflow_id = $7) GROUP BY status
+		SELECT status, count(*) FROM (SELECT id, status FROM workflow_runs
+			WHERE tenant_id = $1 AND finished_at >= $6 AND status IN ('completed', 'failed', 'cancelled')
+			  AND ($7::uuid IS NULL OR workflow_id = $7) OFFSET 0) f
+		WHERE id >= composer_uuid_floor($4) AND id < composer_uuid_floor($5) GROUP BY status
 		UNION ALL
 		SELECT status, count(*) FROM workflow_runs
 		WHERE tenant_id = $1 AND status IN ('completed', 'failed', 'cancelled') AND ($7::uuid IS NULL OR workflow_id = $7)
