@@ -1,5 +1,7 @@
 package stats
 
+import "strings"
+
 // The statements of package stats: the fold (system role, across tenants)
 // and the dashboard reads (a tenant's transaction, row-level security).
 const (
@@ -105,3 +107,6 @@ const (
 		WHERE tenant_id = $1 AND status IN ('completed', 'failed', 'cancelled') AND ($7::uuid IS NULL OR workflow_id = $7)
 		  AND id >= composer_uuid_floor($5) AND id < composer_uuid_floor($3) GROUP BY status`
 )
+
+// qLiveCountsAll is qLiveCounts for all of the tenant's workflows.
+var qLiveCountsAll = strings.ReplaceAll(qLiveCounts, ` AND ($7::uuid IS NULL OR workflow_id = $7)`, ``)
