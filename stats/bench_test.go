@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/auth"
+	"github.com/composer-dev/composer/engine"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/stats"
@@ -70,6 +72,20 @@ func BenchmarkDashboardStats1M(b *testing.B) {
 
 	if os.Getenv("STATS_EXPLAIN") != "" {
 		explain(b, sys, wfs[3], now)
+		for name, f := range map[string]engine.RunFilter{"all": {}, "wf": {WorkflowID: &wfs[3]}} {
+			var lat []time.Duration
+			for range 50 {
+				t := time.Now()
+				err := sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
+					_, err := stats.Counts(ctx, tx, f)
+					return err
+				})
+				require.NoError(b, err)
+				lat = append(lat, time.Since(t))
+			}
+			slices.Sort(lat)
+			fmt.Println("Counts", name, "p50", lat[25], "p90", lat[45], "max", lat[49])
+		}
 		return
 	}
 	token := sys.Token(sys.Tenant, "viewer@bench", auth.RoleViewer)
@@ -117,29 +133,29 @@ func BenchmarkDashboardStats1M(b *testing.B) {
 	}
 }
 
-// explain prints the plans of the counts' statements (STATS_EXPLAIN=1).
+// explain prints the generic plans of the counts' statements
+// (STATS_EXPLAIN=1), as the app pool's force_generic_plan runs them.
 func explain(b *testing.B, sys *apptest.System, wf uuid.UUID, now time.Time) {
 	ctx := context.Background()
 	var wm time.Time
 	require.NoError(b, sys.Env.System.QueryRow(ctx, `SELECT folded_to FROM run_rollup_state`).Scan(&wm))
+	ts := func(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'" }
 	lo, hi := time.Unix(0, 0).UTC(), time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, c := range []struct {
-		q    string
-		args []any
-	}{
-		{stats.QCensusSum, []any{sys.Tenant, stats.Total, lo, lo, hi, hi, lo, hi}},
-		{stats.QLiveCounts, []any{sys.Tenant, lo, hi, lo, hi, wm, nil}},
-		{stats.QLiveCounts, []any{sys.Tenant, lo, hi, lo, hi, wm, wf}},
+	ten := "'" + sys.Tenant.String() + "'"
+	for _, c := range []struct{ q, types, args string }{
+		{stats.QLiveCounts, "uuid, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz, uuid",
+			strings.Join([]string{ten, ts(lo), ts(hi), ts(lo), ts(hi), ts(wm), "'" + wf.String() + "'"}, ", ")},
+		{stats.QCensusSum, "uuid, uuid, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz, timestamptz",
+			strings.Join([]string{ten, "'" + stats.Total.String() + "'", ts(lo), ts(lo), ts(hi), ts(hi), ts(lo), ts(hi)}, ", ")},
 	} {
 		err := sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
-			for range 6 { // past the custom plans
-				rows, err := tx.Query(ctx, c.q, c.args...)
-				if err != nil {
-					return err
-				}
-				rows.Close()
+			if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+				return err
 			}
-			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+c.q, c.args...)
+			if _, err := tx.Exec(ctx, "PREPARE p("+c.types+") AS "+c.q); err != nil {
+				return err
+			}
+			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE p("+c.args+")")
 			if err != nil {
 				return err
 			}
@@ -149,9 +165,15 @@ func explain(b *testing.B, sys *apptest.System, wf uuid.UUID, now time.Time) {
 				if err := rows.Scan(&line); err != nil {
 					return err
 				}
-				fmt.Println(line)
+				if !strings.Contains(line, "One-Time Filter") && !strings.Contains(line, "Seq Scan on workflow_runs_2027") {
+					fmt.Println(line)
+				}
 			}
-			return rows.Err()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, "DEALLOCATE p")
+			return err
 		})
 		require.NoError(b, err)
 		fmt.Println("----")

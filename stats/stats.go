@@ -242,13 +242,7 @@ func Counts(ctx context.Context, tx *pg.Tx, f engine.RunFilter) (map[string]int6
 	if wm != nil {
 		since = *wm
 	}
-	// Without a workflow the filter is left out, so the active runs are
-	// counted from the status index alone (an index-only scan).
-	q, args := qLiveCountsAll, []any{tx.Tenant, lo, hi, a1, b1, since}
-	if f.WorkflowID != nil {
-		q, args = qLiveCounts, append(args, *f.WorkflowID)
-	}
-	rows, err := tx.Query(ctx, q, args...)
+	rows, err := tx.Query(ctx, qLiveCounts, tx.Tenant, lo, hi, a1, b1, since, f.WorkflowID)
 	if err != nil {
 		return nil, fmt.Errorf("run counts: %w", err)
 	}
