@@ -309,3 +309,40 @@ func TestStatsStayInTheirTenant(t *testing.T) {
 	got, _ = f.counts(other, engine.RunFilter{WorkflowID: &f.w1})
 	assert.Equal(t, map[string]int64{"queued": 0, "running": 0, "completed": 0, "failed": 0, "cancelled": 0}, got)
 }
+
+// TestDroppedMonthsLeaveTheRollupsTrue: when a month of runs is dropped
+// (retention), its statistics stay and the counts stop counting its runs.
+func TestDroppedMonthsLeaveTheRollupsTrue(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	old := time.Date(2026, 1, 10, 12, 0, 0, 0, time.UTC)
+	if !time.Now().After(old.AddDate(0, 3, 0)) {
+		t.Fatal("the test needs a month at least two months old")
+	}
+	_, err := f.env.Owner(t).Exec(ctx, `CREATE TABLE workflow_runs_202601 PARTITION OF workflow_runs
+		FOR VALUES FROM (composer_uuid_floor('2026-01-01Z')) TO (composer_uuid_floor('2026-02-01Z'))`)
+	require.NoError(t, err)
+	f.base = old
+	f.run(f.tenant, f.w1, 0, time.Second, "completed")
+	f.run(f.tenant, f.w1, time.Minute, 2*time.Second, "failed")
+	f.base = time.Now().UTC().Truncate(time.Hour).Add(-6 * time.Hour)
+	f.seed()
+	folder := &stats.Folder{DB: f.db, Step: 31 * 24 * time.Hour}
+	_, err = folder.Fold(ctx)
+	require.NoError(t, err)
+	got, _ := f.counts(f.tenant, engine.RunFilter{})
+	assert.Equal(t, map[string]int64{"queued": 0, "running": 1, "completed": 4, "failed": 3, "cancelled": 1}, got)
+
+	var dropped int
+	require.NoError(t, f.env.System.QueryRow(ctx, `SELECT composer_drop_partitions(1)`).Scan(&dropped))
+	require.Positive(t, dropped)
+	_, err = folder.Fold(ctx)
+	require.NoError(t, err)
+	got, live := f.counts(f.tenant, engine.RunFilter{})
+	assert.Equal(t, live["completed"], got["completed"])
+	assert.Equal(t, map[string]int64{"queued": 0, "running": 1, "completed": 3, "failed": 2, "cancelled": 1}, got, "the dropped runs are not counted")
+	st, err := f.stats(f.tenant, nil, old.Truncate(24*time.Hour), old.Truncate(24*time.Hour).Add(24*time.Hour), stats.Day)
+	require.NoError(t, err)
+	assert.Equal(t, []int64{2, 1, 1}, []int64{st.Buckets[0].Started, st.Buckets[0].Completed, st.Buckets[0].Failed}, "January's statistics stay")
+}
