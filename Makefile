@@ -45,6 +45,7 @@ test-cluster: services
 bench: services build
 	./$(BIN) bench -out bench-results.json
 	$(GO) test -run '^$$' -bench . -benchmem ./engine/statemachine ./engine/dag ./internal/pguuid
+	$(GO) test -run '^$$' -bench BenchmarkDashboardStats1M -benchtime 200x -timeout 20m ./stats
 
 ## migrate: apply the migrations to the configured database
 migrate: services build

@@ -535,7 +535,7 @@ const (
 	qInsertSignal     = `INSERT INTO run_signals (tenant_id, run_id, id, name, payload, consumed_by) VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''))`
 	qConsumeSignal    = `UPDATE run_signals SET consumed_by = $4
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND consumed_by IS NULL`
-	qReopenRun = `UPDATE workflow_runs SET status = 'running', output = NULL, error = NULL, finished_at = NULL
+	qReopenRun = `UPDATE workflow_runs SET status = 'running', output = NULL, error = NULL, finished_at = NULL, reopened_at = now()
 				WHERE tenant_id = $1 AND id = $2 AND status IN ('failed', 'cancelled')`
 	qInsertEvent  = `INSERT INTO run_events (tenant_id, run_id, kind, node_id, task_id, attempt, detail) VALUES ($1, $2, $3, NULLIF($4, ''), $5, $6, $7)`
 	qReadBackRun  = `SELECT ` + runColumns + ` FROM workflow_runs WHERE tenant_id = $1 AND id = $2`

@@ -287,6 +287,8 @@ type ComplexityRoot struct {
 		RateLimit         func(childComplexity int, name string) int
 		RateLimits        func(childComplexity int) int
 		Run               func(childComplexity int, id uuid.UUID) int
+		RunCounts         func(childComplexity int, filter *model.RunFilter) int
+		RunStats          func(childComplexity int, workflowID *uuid.UUID, from time.Time, to time.Time, interval model.StatsInterval) int
 		Runs              func(childComplexity int, first *int, after *string, filter *model.RunFilter) int
 		Schedule          func(childComplexity int, id uuid.UUID) int
 		Schedules         func(childComplexity int, workflowID *uuid.UUID, first *int, after *string) int
@@ -375,6 +377,30 @@ type ComplexityRoot struct {
 		Kind      func(childComplexity int) int
 		NodeID    func(childComplexity int) int
 		TaskID    func(childComplexity int) int
+	}
+
+	RunStats struct {
+		Buckets    func(childComplexity int) int
+		From       func(childComplexity int) int
+		Interval   func(childComplexity int) int
+		To         func(childComplexity int) int
+		WorkflowID func(childComplexity int) int
+	}
+
+	RunStatsBucket struct {
+		Cancelled   func(childComplexity int) int
+		Completed   func(childComplexity int) int
+		Failed      func(childComplexity int) int
+		FailureRate func(childComplexity int) int
+		P50Ms       func(childComplexity int) int
+		P95Ms       func(childComplexity int) int
+		Start       func(childComplexity int) int
+		Started     func(childComplexity int) int
+	}
+
+	RunStatusCount struct {
+		Count  func(childComplexity int) int
+		Status func(childComplexity int) int
 	}
 
 	Schedule struct {
@@ -719,6 +745,8 @@ type QueryResolver interface {
 	Secrets(ctx context.Context) ([]secrets.Secret, error)
 	Secret(ctx context.Context, name string) (*secrets.Secret, error)
 	SecretAudit(ctx context.Context, name *string, first *int, after *uuid.UUID) ([]secrets.AuditEntry, error)
+	RunStats(ctx context.Context, workflowID *uuid.UUID, from time.Time, to time.Time, interval model.StatsInterval) (*model.RunStats, error)
+	RunCounts(ctx context.Context, filter *model.RunFilter) ([]model.RunStatusCount, error)
 	WebhookEndpoints(ctx context.Context) ([]webhooks.Endpoint, error)
 	WebhookEndpoint(ctx context.Context, id uuid.UUID) (*webhooks.Endpoint, error)
 	WebhookDeliveries(ctx context.Context, endpointID *uuid.UUID, runID *uuid.UUID, state *model.WebhookDeliveryState, first *int, after *string) (*model.WebhookDeliveryConnection, error)
@@ -2003,6 +2031,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Run(childComplexity, args["id"].(uuid.UUID)), true
+	case "Query.runCounts":
+		if e.ComplexityRoot.Query.RunCounts == nil {
+			break
+		}
+
+		args, err := ec.field_Query_runCounts_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.RunCounts(childComplexity, args["filter"].(*model.RunFilter)), true
+	case "Query.runStats":
+		if e.ComplexityRoot.Query.RunStats == nil {
+			break
+		}
+
+		args, err := ec.field_Query_runStats_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.RunStats(childComplexity, args["workflowId"].(*uuid.UUID), args["from"].(time.Time), args["to"].(time.Time), args["interval"].(model.StatsInterval)), true
 	case "Query.runs":
 		if e.ComplexityRoot.Query.Runs == nil {
 			break
@@ -2433,6 +2483,99 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.RunEvent.TaskID(childComplexity), true
+
+	case "RunStats.buckets":
+		if e.ComplexityRoot.RunStats.Buckets == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStats.Buckets(childComplexity), true
+	case "RunStats.from":
+		if e.ComplexityRoot.RunStats.From == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStats.From(childComplexity), true
+	case "RunStats.interval":
+		if e.ComplexityRoot.RunStats.Interval == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStats.Interval(childComplexity), true
+	case "RunStats.to":
+		if e.ComplexityRoot.RunStats.To == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStats.To(childComplexity), true
+	case "RunStats.workflowId":
+		if e.ComplexityRoot.RunStats.WorkflowID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStats.WorkflowID(childComplexity), true
+
+	case "RunStatsBucket.cancelled":
+		if e.ComplexityRoot.RunStatsBucket.Cancelled == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.Cancelled(childComplexity), true
+	case "RunStatsBucket.completed":
+		if e.ComplexityRoot.RunStatsBucket.Completed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.Completed(childComplexity), true
+	case "RunStatsBucket.failed":
+		if e.ComplexityRoot.RunStatsBucket.Failed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.Failed(childComplexity), true
+	case "RunStatsBucket.failureRate":
+		if e.ComplexityRoot.RunStatsBucket.FailureRate == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.FailureRate(childComplexity), true
+	case "RunStatsBucket.p50Ms":
+		if e.ComplexityRoot.RunStatsBucket.P50Ms == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.P50Ms(childComplexity), true
+	case "RunStatsBucket.p95Ms":
+		if e.ComplexityRoot.RunStatsBucket.P95Ms == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.P95Ms(childComplexity), true
+	case "RunStatsBucket.start":
+		if e.ComplexityRoot.RunStatsBucket.Start == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.Start(childComplexity), true
+	case "RunStatsBucket.started":
+		if e.ComplexityRoot.RunStatsBucket.Started == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatsBucket.Started(childComplexity), true
+
+	case "RunStatusCount.count":
+		if e.ComplexityRoot.RunStatusCount.Count == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatusCount.Count(childComplexity), true
+	case "RunStatusCount.status":
+		if e.ComplexityRoot.RunStatusCount.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RunStatusCount.Status(childComplexity), true
 
 	case "Schedule.bufferedFireAt":
 		if e.ComplexityRoot.Schedule.BufferedFireAt == nil {
@@ -3665,7 +3808,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "audit.graphqls" "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "webhooks.graphqls"
+//go:embed "audit.graphqls" "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "stats.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -3686,6 +3829,7 @@ var sources = []*ast.Source{
 	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
 	{Name: "secrets.graphqls", Input: sourceData("secrets.graphqls"), BuiltIn: false},
+	{Name: "stats.graphqls", Input: sourceData("stats.graphqls"), BuiltIn: false},
 	{Name: "webhooks.graphqls", Input: sourceData("webhooks.graphqls"), BuiltIn: false},
 }
 var parsedSchema = gqlparser.MustLoadSchema(sources...)
@@ -4174,6 +4318,54 @@ func (ec *executionContext) childFields_RunEvent(ctx context.Context, field grap
 		return ec.fieldContext_RunEvent_createdAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type RunEvent", field.Name)
+}
+
+func (ec *executionContext) childFields_RunStats(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "workflowId":
+		return ec.fieldContext_RunStats_workflowId(ctx, field)
+	case "interval":
+		return ec.fieldContext_RunStats_interval(ctx, field)
+	case "from":
+		return ec.fieldContext_RunStats_from(ctx, field)
+	case "to":
+		return ec.fieldContext_RunStats_to(ctx, field)
+	case "buckets":
+		return ec.fieldContext_RunStats_buckets(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RunStats", field.Name)
+}
+
+func (ec *executionContext) childFields_RunStatsBucket(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "start":
+		return ec.fieldContext_RunStatsBucket_start(ctx, field)
+	case "started":
+		return ec.fieldContext_RunStatsBucket_started(ctx, field)
+	case "completed":
+		return ec.fieldContext_RunStatsBucket_completed(ctx, field)
+	case "failed":
+		return ec.fieldContext_RunStatsBucket_failed(ctx, field)
+	case "cancelled":
+		return ec.fieldContext_RunStatsBucket_cancelled(ctx, field)
+	case "p50Ms":
+		return ec.fieldContext_RunStatsBucket_p50Ms(ctx, field)
+	case "p95Ms":
+		return ec.fieldContext_RunStatsBucket_p95Ms(ctx, field)
+	case "failureRate":
+		return ec.fieldContext_RunStatsBucket_failureRate(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RunStatsBucket", field.Name)
+}
+
+func (ec *executionContext) childFields_RunStatusCount(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "status":
+		return ec.fieldContext_RunStatusCount_status(ctx, field)
+	case "count":
+		return ec.fieldContext_RunStatusCount_count(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RunStatusCount", field.Name)
 }
 
 func (ec *executionContext) childFields_Schedule(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -5695,6 +5887,58 @@ func (ec *executionContext) field_Query_rateLimit_args(ctx context.Context, rawA
 		return nil, err
 	}
 	args["name"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_runCounts_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "filter",
+		func(ctx context.Context, v any) (*model.RunFilter, error) {
+			return ec.unmarshalORunFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunFilter(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["filter"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_runStats_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "workflowId",
+		func(ctx context.Context, v any) (*uuid.UUID, error) {
+			return ec.unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["workflowId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "interval",
+		func(ctx context.Context, v any) (model.StatsInterval, error) {
+			return ec.unmarshalNStatsInterval2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐStatsInterval(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["interval"] = arg3
 	return args, nil
 }
 
@@ -11360,6 +11604,94 @@ func (ec *executionContext) fieldContext_Query_secretAudit(ctx context.Context, 
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_runStats(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_runStats(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().RunStats(ctx, fc.Args["workflowId"].(*uuid.UUID), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["interval"].(model.StatsInterval))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.RunStats) graphql.Marshaler {
+			return ec.marshalNRunStats2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStats(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_runStats(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RunStats(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_runStats_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_runCounts(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_runCounts(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().RunCounts(ctx, fc.Args["filter"].(*model.RunFilter))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.RunStatusCount) graphql.Marshaler {
+			return ec.marshalNRunStatusCount2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusCountᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_runCounts(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RunStatusCount(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_runCounts_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_webhookEndpoints(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -12749,6 +13081,360 @@ func (ec *executionContext) _RunEvent_createdAt(ctx context.Context, field graph
 }
 func (ec *executionContext) fieldContext_RunEvent_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("RunEvent", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RunStats_workflowId(ctx context.Context, field graphql.CollectedField, obj *model.RunStats) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStats_workflowId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.WorkflowID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *uuid.UUID) graphql.Marshaler {
+			return ec.marshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_RunStats_workflowId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStats", field, false, false, "ID")
+}
+
+func (ec *executionContext) _RunStats_interval(ctx context.Context, field graphql.CollectedField, obj *model.RunStats) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStats_interval(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Interval, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.StatsInterval) graphql.Marshaler {
+			return ec.marshalNStatsInterval2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐStatsInterval(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStats_interval(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStats", field, false, false, "StatsInterval")
+}
+
+func (ec *executionContext) _RunStats_from(ctx context.Context, field graphql.CollectedField, obj *model.RunStats) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStats_from(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.From, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStats_from(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStats", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RunStats_to(ctx context.Context, field graphql.CollectedField, obj *model.RunStats) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStats_to(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.To, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStats_to(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStats", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RunStats_buckets(ctx context.Context, field graphql.CollectedField, obj *model.RunStats) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStats_buckets(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Buckets, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.RunStatsBucket) graphql.Marshaler {
+			return ec.marshalNRunStatsBucket2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatsBucketᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStats_buckets(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RunStats",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RunStatsBucket(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _RunStatsBucket_start(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_start(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Start, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_start(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RunStatsBucket_started(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_started(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Started, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_started(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RunStatsBucket_completed(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_completed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Completed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_completed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RunStatsBucket_failed(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_failed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Failed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_failed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RunStatsBucket_cancelled(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_cancelled(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cancelled, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_cancelled(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RunStatsBucket_p50Ms(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_p50Ms(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.P50Ms, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *float64) graphql.Marshaler {
+			return ec.marshalOFloat2ᚖfloat64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_p50Ms(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Float")
+}
+
+func (ec *executionContext) _RunStatsBucket_p95Ms(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_p95Ms(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.P95Ms, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *float64) graphql.Marshaler {
+			return ec.marshalOFloat2ᚖfloat64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_p95Ms(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Float")
+}
+
+func (ec *executionContext) _RunStatsBucket_failureRate(ctx context.Context, field graphql.CollectedField, obj *model.RunStatsBucket) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatsBucket_failureRate(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FailureRate, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v float64) graphql.Marshaler {
+			return ec.marshalNFloat2float64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatsBucket_failureRate(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatsBucket", field, false, false, "Float")
+}
+
+func (ec *executionContext) _RunStatusCount_status(ctx context.Context, field graphql.CollectedField, obj *model.RunStatusCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatusCount_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.RunStatus) graphql.Marshaler {
+			return ec.marshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatusCount_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatusCount", field, false, false, "RunStatus")
+}
+
+func (ec *executionContext) _RunStatusCount_count(ctx context.Context, field graphql.CollectedField, obj *model.RunStatusCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RunStatusCount_count(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Count, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RunStatusCount_count(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RunStatusCount", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Schedule_id(ctx context.Context, field graphql.CollectedField, obj *schedules.Schedule) (ret graphql.Marshaler) {
@@ -20697,6 +21383,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_secretAudit(ctx, field)
 				})
+		case "runStats":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_runStats(ctx, field)
+				})
+		case "runCounts":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_runCounts(ctx, field)
+				})
 		case "webhookEndpoints":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
@@ -21219,6 +21917,165 @@ func (ec *executionContext) _RunEvent(ctx context.Context, sel ast.SelectionSet,
 			}
 		case "createdAt":
 			out.Values[i] = ec._RunEvent_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var runStatsImplementors = []string{"RunStats"}
+
+func (ec *executionContext) _RunStats(ctx context.Context, sel ast.SelectionSet, obj *model.RunStats) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, runStatsImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RunStats")
+		case "workflowId":
+			out.Values[i] = ec._RunStats_workflowId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "interval":
+			out.Values[i] = ec._RunStats_interval(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "from":
+			out.Values[i] = ec._RunStats_from(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "to":
+			out.Values[i] = ec._RunStats_to(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "buckets":
+			out.Values[i] = ec._RunStats_buckets(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var runStatsBucketImplementors = []string{"RunStatsBucket"}
+
+func (ec *executionContext) _RunStatsBucket(ctx context.Context, sel ast.SelectionSet, obj *model.RunStatsBucket) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, runStatsBucketImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RunStatsBucket")
+		case "start":
+			out.Values[i] = ec._RunStatsBucket_start(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "started":
+			out.Values[i] = ec._RunStatsBucket_started(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "completed":
+			out.Values[i] = ec._RunStatsBucket_completed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "failed":
+			out.Values[i] = ec._RunStatsBucket_failed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cancelled":
+			out.Values[i] = ec._RunStatsBucket_cancelled(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "p50Ms":
+			out.Values[i] = ec._RunStatsBucket_p50Ms(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "p95Ms":
+			out.Values[i] = ec._RunStatsBucket_p95Ms(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "failureRate":
+			out.Values[i] = ec._RunStatsBucket_failureRate(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var runStatusCountImplementors = []string{"RunStatusCount"}
+
+func (ec *executionContext) _RunStatusCount(ctx context.Context, sel ast.SelectionSet, obj *model.RunStatusCount) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, runStatusCountImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RunStatusCount")
+		case "status":
+			out.Values[i] = ec._RunStatusCount_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "count":
+			out.Values[i] = ec._RunStatusCount_count(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -23886,6 +24743,34 @@ func (ec *executionContext) marshalNRunEvent2ᚕgithubᚗcomᚋcomposerᚑdevᚋ
 	return ret
 }
 
+func (ec *executionContext) marshalNRunStats2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStats(ctx context.Context, sel ast.SelectionSet, v *model.RunStats) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "RunStats!")
+		return graphql.Null
+	}
+	return ec._RunStats(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNRunStatsBucket2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatsBucket(ctx context.Context, sel ast.SelectionSet, v model.RunStatsBucket) graphql.Marshaler {
+	return ec._RunStatsBucket(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRunStatsBucket2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatsBucketᚄ(ctx context.Context, sel ast.SelectionSet, v []model.RunStatsBucket) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRunStatsBucket2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatsBucket(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) unmarshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatus(ctx context.Context, v any) (model.RunStatus, error) {
 	var res model.RunStatus
 	err := res.UnmarshalGQL(v)
@@ -23915,6 +24800,26 @@ func (ec *executionContext) marshalNRunStatus2ᚕgithubᚗcomᚋcomposerᚑdev�
 		fc := graphql.GetFieldContext(ctx)
 		fc.Result = &v[i]
 		return ec.marshalNRunStatus2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatus(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNRunStatusCount2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusCount(ctx context.Context, sel ast.SelectionSet, v model.RunStatusCount) graphql.Marshaler {
+	return ec._RunStatusCount(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRunStatusCount2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusCountᚄ(ctx context.Context, sel ast.SelectionSet, v []model.RunStatusCount) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRunStatusCount2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRunStatusCount(ctx, sel, v[i])
 	})
 
 	for _, e := range ret {
@@ -24113,6 +25018,16 @@ func (ec *executionContext) marshalNStartRunPayload2ᚖgithubᚗcomᚋcomposer�
 		return graphql.Null
 	}
 	return ec._StartRunPayload(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNStatsInterval2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐStatsInterval(ctx context.Context, v any) (model.StatsInterval, error) {
+	var res model.StatsInterval
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNStatsInterval2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐStatsInterval(ctx context.Context, sel ast.SelectionSet, v model.StatsInterval) graphql.Marshaler {
+	return v
 }
 
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {
@@ -24689,6 +25604,23 @@ func (ec *executionContext) marshalOEvent2ᚖgithubᚗcomᚋcomposerᚑdevᚋcom
 		return graphql.Null
 	}
 	return ec._Event(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalOFloat2ᚖfloat64(ctx context.Context, v any) (*float64, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalFloatContext(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOFloat2ᚖfloat64(ctx context.Context, sel ast.SelectionSet, v *float64) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	res := graphql.MarshalFloatContext(*v)
+	return graphql.WrapContextMarshaler(ctx, res)
 }
 
 func (ec *executionContext) unmarshalOID2ᚖgithubᚗcomᚋgoogleᚋuuidᚐUUID(ctx context.Context, v any) (*uuid.UUID, error) {

@@ -136,6 +136,8 @@ type idCase struct {
 var idCases = map[string]idCase{
 	"Query.workflow.id": {query: `query($id: ID!) { workflow(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"Query.run.id":      {query: `query($id: ID!) { run(id: $id) { id } }`, vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.run} }},
+	"Query.runStats.workflowId": {query: `query($id: ID!) { runStats(workflowId: $id, from: "2026-01-01T00:00:00Z", to: "2026-01-02T00:00:00Z", interval: HOUR) { workflowId } }`,
+		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"Query.concurrencyKeys.workflowId": {query: `query($id: ID!) { concurrencyKeys(workflowId: $id) { key } }`,
 		vars: func(a tenantWorld) map[string]any { return map[string]any{"id": a.workflow} }},
 	"Mutation.publishWorkflowVersion.workflowId": {query: `mutation($id: ID!, $d: JSON!) { publishWorkflowVersion(workflowId: $id, definition: $d) { version } }`,

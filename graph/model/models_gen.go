@@ -297,6 +297,43 @@ type RunFilter struct {
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 }
 
+// Run statistics over a time range.
+type RunStats struct {
+	// The workflow's id, or null for all of the tenant's workflows.
+	WorkflowID *uuid.UUID    `json:"workflowId,omitempty"`
+	Interval   StatsInterval `json:"interval"`
+	// The range covered: the asked range rounded out to whole buckets.
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	// Every bucket of [from, to), oldest first, empty buckets included.
+	Buckets []RunStatsBucket `json:"buckets"`
+}
+
+// Run statistics of one time bucket. Counts are exact; the percentiles are
+// estimated from a histogram of quarter-octave buckets, within 9.1% of the
+// true (nearest-rank) value for durations from 1 ms to 36 days.
+type RunStatsBucket struct {
+	// Bucket start (inclusive), aligned to the interval in UTC.
+	Start time.Time `json:"start"`
+	// Runs created in the bucket.
+	Started int `json:"started"`
+	// Runs that finished in the bucket, by outcome (a run rerun in place counts once per finish).
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+	Cancelled int `json:"cancelled"`
+	// Duration (created to finished) of the runs that finished in the bucket, milliseconds; null when none finished.
+	P50Ms *float64 `json:"p50Ms,omitempty"`
+	P95Ms *float64 `json:"p95Ms,omitempty"`
+	// failed / (completed + failed) of the bucket; 0 when none finished.
+	FailureRate float64 `json:"failureRate"`
+}
+
+// How many of the tenant's runs have one status.
+type RunStatusCount struct {
+	Status RunStatus `json:"status"`
+	Count  int       `json:"count"`
+}
+
 type ScheduleConnection struct {
 	Edges    []ScheduleEdge `json:"edges"`
 	PageInfo *PageInfo      `json:"pageInfo"`
@@ -875,6 +912,64 @@ func (e *SecretAuditAction) UnmarshalJSON(b []byte) error {
 }
 
 func (e SecretAuditAction) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// Size of a statistics bucket.
+type StatsInterval string
+
+const (
+	StatsIntervalMinute StatsInterval = "MINUTE"
+	StatsIntervalHour   StatsInterval = "HOUR"
+	StatsIntervalDay    StatsInterval = "DAY"
+)
+
+var AllStatsInterval = []StatsInterval{
+	StatsIntervalMinute,
+	StatsIntervalHour,
+	StatsIntervalDay,
+}
+
+func (e StatsInterval) IsValid() bool {
+	switch e {
+	case StatsIntervalMinute, StatsIntervalHour, StatsIntervalDay:
+		return true
+	}
+	return false
+}
+
+func (e StatsInterval) String() string {
+	return string(e)
+}
+
+func (e *StatsInterval) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = StatsInterval(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid StatsInterval", str)
+	}
+	return nil
+}
+
+func (e StatsInterval) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *StatsInterval) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e StatsInterval) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

@@ -40,6 +40,7 @@ import (
 	"github.com/composer-dev/composer/internal/telemetry"
 	"github.com/composer-dev/composer/schedules"
 	"github.com/composer-dev/composer/secrets"
+	"github.com/composer-dev/composer/stats"
 	"github.com/composer-dev/composer/tenants"
 	"github.com/composer-dev/composer/webhooks"
 	"github.com/composer-dev/composer/workers"
@@ -323,6 +324,8 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	rollup := &billing.Rollup{DB: d.DB, Log: d.Log.Named("usage"), Interval: d.Cfg.UsageRollupInterval,
 		Retention: time.Duration(d.Cfg.UsageRetentionDays) * 24 * time.Hour}
 	s.Background = append(s.Background, rollup)
+	// Dashboard statistics: closed minutes of runs folded into rollups.
+	s.Background = append(s.Background, &stats.Folder{DB: d.DB, Log: d.Log.Named("stats")})
 	if d.Cfg.BillingExportURL != "" {
 		exporter := &billing.Exporter{DB: d.DB, URL: d.Cfg.BillingExportURL, Token: d.Cfg.BillingExportToken, Log: d.Log.Named("usage-export")}
 		s.Background = append(s.Background, exporter)
