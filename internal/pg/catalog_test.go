@@ -53,6 +53,7 @@ var nonTenantTables = map[string]string{
 	"plans":              "reference",
 	"plan_prices":        "reference",
 	"usage_rollup_state": "coordinator", // the rollup's one-row mutex
+	"run_rollup_state":   "coordinator", // the dashboard statistics fold's watermark
 	"goose_db_version":   "coordinator", // the migration tool's own bookkeeping
 }
 
