@@ -144,7 +144,9 @@ export async function page(main, ctx, id) {
       try { timeline = (await gql(TIMELINE, { id })).run.timeline; drawTimeline(); drawDetail(); drawWaiting(); } catch { /* the next update retries */ }
     }, 250);
   };
+  let lastUpdate = Date.now();
   const apply = (r) => {
+    lastUpdate = Date.now();
     run = { ...run, ...r };
     graph.update(tasksByNode());
     drawHeader(); drawWaiting(); drawDetail(); drawIO();
@@ -155,7 +157,13 @@ export async function page(main, ctx, id) {
   }
   const unsub = subscribe(`subscription($id: ID!) { runUpdated(id: $id) { ${RUN} } }`, { id }, (x) => apply(x.runUpdated),
     (e) => toast(`Live updates stopped: ${e.code}`, 'err'));
-  return () => { unsub(); clearTimeout(tlTimer); };
+  // An update between the page's read and its subscription taking effect,
+  // or one lost with a dropped socket, is caught by a read once the
+  // subscription stands and then now and then while the run goes on.
+  const ended = () => ['COMPLETED', 'FAILED', 'CANCELLED'].includes(String(run.status).toUpperCase());
+  const settle = setTimeout(refresh, 1000);
+  const safety = setInterval(() => { if (!ended() && Date.now() - lastUpdate > 4000) refresh(); }, 5000);
+  return () => { unsub(); clearTimeout(tlTimer); clearTimeout(settle); clearInterval(safety); };
 }
 
 function actions(ctx, run, refresh) {

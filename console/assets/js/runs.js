@@ -114,7 +114,7 @@ export async function page(main, ctx) {
     try {
       const d = await gql(COUNTS, { filter: { ...filter, status: undefined } });
       const by = Object.fromEntries(d.runCounts.map((c) => [c.status, c.count]));
-      clear(counts).append(STATUSES.map((st) => h('a', { class: 'count st-' + st.toLowerCase(), href: '/runs?status=' + st, dataset: { status: st } },
+      clear(counts).append(...STATUSES.map((st) => h('a', { class: 'count st-' + st.toLowerCase(), href: '/runs?status=' + st, dataset: { status: st } },
         h('span', { class: 'n' }, String(by[st] || 0)), h('span', { class: 'l' }, st.toLowerCase()))));
     } catch (e) {
       clear(counts).append(h('p', { class: 'muted', id: 'counts-unavailable' }, e.code === 'GRAPHQL_VALIDATION_FAILED'
