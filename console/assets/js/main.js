@@ -153,4 +153,12 @@ async function signin() {
   input.focus();
 }
 
+// The credential is asked about now and then while the console is open:
+// an expired token or a revoked key signs out (gql does on UNAUTHENTICATED)
+// even on a page without live updates, or when the socket that would have
+// been closed (4401) was between reconnects.
+setInterval(() => {
+  if (credential() && viewer && document.visibilityState === 'visible') gql(`{ viewer { kind } }`).catch(() => {});
+}, 10000);
+
 route();
