@@ -225,7 +225,8 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		chromedp.SetValue(css("#f-metadata"), `{"customer": "c_42"}`),
 		chromedp.Click(css(`dialog button[value="ok"]`)),
 		chromedp.WaitVisible(css(`#waiting button[data-approve="approve"]`)),
-		poll(`document.querySelector('#waiting').textContent.includes('waits for an approval')`),
+		poll(`document.querySelector('#waiting').textContent.includes('waits for an approval') &&
+			document.querySelector('#waiting').textContent.includes('times out at')`),
 		poll(`document.querySelector('#graph .node[data-node="prepare"]').dataset.state === 'completed'`),
 	)
 	shot(ctx, "run-waiting")
@@ -432,6 +433,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	run(t, ctx,
 		js(fmt.Sprintf(`composer.navigate('/runs/%s')`, started.StartRun.Run.ID)),
 		poll(`(document.querySelector('#waiting') || {textContent: ''}).textContent.includes('sleeps until') &&
+			!document.querySelector('#waiting').textContent.includes('its timer fires') &&
 			document.querySelector('#waiting').textContent.includes('no connected worker serves the handler “thumbnails”')`),
 		into(&why, chromedp.Text(css("#waiting"))),
 	)

@@ -73,6 +73,9 @@ type TaskView struct {
 	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
 	// ChildRunID is the child run a workflow task (or map element) started.
 	ChildRunID *uuid.UUID `json:"child_run_id,omitempty"`
+	// WaitingUntil is, for a waiting task, when its timer fires: a sleep's
+	// end, or a wait's timeout.
+	WaitingUntil *time.Time `json:"waiting_until,omitempty"`
 }
 
 const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata,
@@ -100,7 +103,9 @@ func GetRun(ctx context.Context, tx *pg.Tx, id uuid.UUID) (RunView, error) {
 const taskColumns = `t.id, t.run_id, t.node_id, t.node_type, t.queue, t.config->'task'->>'handler', t.state, t.attempt, t.max_attempts, t.input,
 	t.output, t.last_error, t.skip_reason, t.created_at, t.started_at, t.finished_at,
 	CASE WHEN t.node_type = 'workflow' THEN (SELECT c.id FROM workflow_runs c
-	  WHERE c.tenant_id = t.tenant_id AND c.parent_run_id = t.run_id AND c.parent_task_id = t.id ORDER BY c.id DESC LIMIT 1) END`
+	  WHERE c.tenant_id = t.tenant_id AND c.parent_run_id = t.run_id AND c.parent_task_id = t.id ORDER BY c.id DESC LIMIT 1) END,
+	CASE WHEN t.state = 'waiting' THEN (SELECT min(tm.fire_at) FROM timers tm
+	  WHERE tm.tenant_id = t.tenant_id AND tm.run_id = t.run_id AND tm.task_id = t.id AND tm.kind IN ('sleep', 'wait_timeout')) END`
 
 // TasksOfRuns reads the tasks of the given runs, in creation order.
 func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, error) {
@@ -111,7 +116,7 @@ func TasksOfRuns(ctx context.Context, tx *pg.Tx, runs []uuid.UUID) ([]TaskView, 
 	var out []TaskView
 	var t TaskView
 	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.RunID, &t.NodeID, &t.NodeType, &t.Queue, &t.Handler, &t.State, &t.Attempt, &t.MaxAttempts,
-		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.ChildRunID}, func() error {
+		&t.Input, &t.Output, &t.LastError, &t.SkipReason, &t.CreatedAt, &t.StartedAt, &t.FinishedAt, &t.ChildRunID, &t.WaitingUntil}, func() error {
 		c := t
 		out = append(out, c)
 		return nil

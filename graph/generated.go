@@ -497,22 +497,23 @@ type ComplexityRoot struct {
 	}
 
 	Task struct {
-		Attempt     func(childComplexity int) int
-		ChildRunID  func(childComplexity int) int
-		CreatedAt   func(childComplexity int) int
-		FinishedAt  func(childComplexity int) int
-		Handler     func(childComplexity int) int
-		ID          func(childComplexity int) int
-		Input       func(childComplexity int) int
-		LastError   func(childComplexity int) int
-		MaxAttempts func(childComplexity int) int
-		NodeID      func(childComplexity int) int
-		NodeType    func(childComplexity int) int
-		Output      func(childComplexity int) int
-		Queue       func(childComplexity int) int
-		SkipReason  func(childComplexity int) int
-		StartedAt   func(childComplexity int) int
-		State       func(childComplexity int) int
+		Attempt      func(childComplexity int) int
+		ChildRunID   func(childComplexity int) int
+		CreatedAt    func(childComplexity int) int
+		FinishedAt   func(childComplexity int) int
+		Handler      func(childComplexity int) int
+		ID           func(childComplexity int) int
+		Input        func(childComplexity int) int
+		LastError    func(childComplexity int) int
+		MaxAttempts  func(childComplexity int) int
+		NodeID       func(childComplexity int) int
+		NodeType     func(childComplexity int) int
+		Output       func(childComplexity int) int
+		Queue        func(childComplexity int) int
+		SkipReason   func(childComplexity int) int
+		StartedAt    func(childComplexity int) int
+		State        func(childComplexity int) int
+		WaitingUntil func(childComplexity int) int
 	}
 
 	Tenant struct {
@@ -3081,6 +3082,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Task.State(childComplexity), true
+	case "Task.waitingUntil":
+		if e.ComplexityRoot.Task.WaitingUntil == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.WaitingUntil(childComplexity), true
 
 	case "Tenant.createdAt":
 		if e.ComplexityRoot.Tenant.CreatedAt == nil {
@@ -4570,6 +4577,8 @@ func (ec *executionContext) childFields_Task(ctx context.Context, field graphql.
 		return ec.fieldContext_Task_skipReason(ctx, field)
 	case "childRunId":
 		return ec.fieldContext_Task_childRunId(ctx, field)
+	case "waitingUntil":
+		return ec.fieldContext_Task_waitingUntil(ctx, field)
 	case "createdAt":
 		return ec.fieldContext_Task_createdAt(ctx, field)
 	case "startedAt":
@@ -15332,6 +15341,29 @@ func (ec *executionContext) fieldContext_Task_childRunId(_ context.Context, fiel
 	return graphql.NewScalarFieldContext("Task", field, false, false, "ID")
 }
 
+func (ec *executionContext) _Task_waitingUntil(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_waitingUntil(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.WaitingUntil, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_waitingUntil(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Time")
+}
+
 func (ec *executionContext) _Task_createdAt(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -22748,6 +22780,11 @@ func (ec *executionContext) _Task(ctx context.Context, sel ast.SelectionSet, obj
 			}
 		case "childRunId":
 			out.Values[i] = ec._Task_childRunId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "waitingUntil":
+			out.Values[i] = ec._Task_waitingUntil(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				atomic.AddUint32(&out.Invalids, 1)
 			}

@@ -6,7 +6,7 @@ import { gql, subscribe } from './api.js';
 import { h, clear, errorBox, status, fmtTime, fmtDuration, since, shortId, pre, ask, toast, empty, fail } from './ui.js';
 import { layout, render, nodesOf } from './dag.js';
 
-const TASK = `id nodeId nodeType queue handler state attempt maxAttempts input output lastError skipReason childRunId createdAt startedAt finishedAt`;
+const TASK = `id nodeId nodeType queue handler state attempt maxAttempts input output lastError skipReason childRunId waitingUntil createdAt startedAt finishedAt`;
 const RUN = `id status workflow { id name } workflowVersion input output error idempotencyKey metadata priority rerunOf
   concurrencyKey parentRunId parentNode createdAt updatedAt finishedAt tasks { ${TASK} }`;
 const TIMELINE = `query($id: ID!) { run(id: $id) { timeline(first: 200) { id kind nodeId taskId attempt detail createdAt } } }`;
@@ -71,7 +71,7 @@ export async function page(main, ctx, id) {
       h('div', { class: 'actions', id: 'run-actions' }, acts));
   };
   const drawWaiting = () => {
-    const reasons = whyWaiting(run, nodes, workers, timeline);
+    const reasons = whyWaiting(run, nodes, workers);
     const k = JSON.stringify(reasons);
     if (k === waitKey) return;
     waitKey = k;
@@ -225,29 +225,8 @@ async function decide(run, sig, approved, refresh) {
   } catch (e) { fail(e); }
 }
 
-// parseDuration reads Go's duration strings ("1h30m", "45s", "250ms").
-export function parseDuration(s) {
-  if (typeof s === 'number') return s / 1e6;
-  if (typeof s !== 'string') return null;
-  const units = { h: 3600e3, m: 60e3, s: 1e3, ms: 1, us: 1e-3, 'µs': 1e-3, ns: 1e-6 };
-  let total = 0, any = false;
-  for (const m of s.matchAll(/([0-9.]+)(ms|us|µs|ns|h|m|s)/g)) { total += parseFloat(m[1]) * units[m[2]]; any = true; }
-  return any ? total : null;
-}
-
-// timerAt is when the newest timer of this kind for the node fires, from
-// the schedule_timer actions the timeline's events record.
-function timerAt(timeline, node, kind) {
-  for (let i = timeline.length - 1; i >= 0; i--) {
-    for (const a of (timeline[i].detail && timeline[i].detail.actions) || []) {
-      if (a.kind === 'schedule_timer' && a.timer === kind && a.node === node) return a.fire_at;
-    }
-  }
-  return null;
-}
-
 /** whyWaiting explains each thing the run waits for, from its tasks, its definition and the connected workers. */
-export function whyWaiting(run, nodes, workers, timeline) {
+export function whyWaiting(run, nodes, workers) {
   if (run.status !== 'RUNNING' && run.status !== 'QUEUED') return [];
   const out = [];
   const byId = new Map(nodes.map((n) => [n.id, n]));
@@ -258,15 +237,11 @@ export function whyWaiting(run, nodes, workers, timeline) {
     const n = byId.get(t.nodeId) || {};
     if (t.state === 'WAITING') {
       if (t.nodeType === 'sleep') {
-        // The timeline records each timer the engine scheduled, with when it fires.
-        let until = timerAt(timeline, t.nodeId, 'sleep');
-        const dur = n.sleep && parseDuration(n.sleep.duration);
-        if (!until && dur && (t.startedAt || t.createdAt)) until = new Date(new Date(t.startedAt || t.createdAt).getTime() + dur).toISOString();
-        out.push({ node: t.nodeId, text: `“${t.nodeId}” sleeps until ${until ? fmtTime(until) : (n.sleep && n.sleep.until) || 'its timer fires'}.` });
+        // waitingUntil: when the task's timer fires (the API's own answer).
+        out.push({ node: t.nodeId, text: `“${t.nodeId}” sleeps until ${t.waitingUntil ? fmtTime(t.waitingUntil) : 'its timer fires'}.` });
       } else if (t.nodeType === 'wait') {
         const w = n.wait || {};
-        const deadline = timerAt(timeline, t.nodeId, 'wait_timeout');
-        const timeout = deadline ? ` (times out at ${fmtTime(deadline)})` : w.timeout ? ` (times out after ${w.timeout})` : '';
+        const timeout = t.waitingUntil ? ` (times out at ${fmtTime(t.waitingUntil)})` : w.timeout ? ` (times out after ${w.timeout})` : '';
         if (w.event) out.push({ node: t.nodeId, text: `“${t.nodeId}” waits for an event “${w.event}”${w.match ? ` matching ${w.match}` : ''}${timeout}.` });
         else if (w.approval) out.push({ node: t.nodeId, approval: true, signal: w.signal || 'approval', text: `“${t.nodeId}” waits for an approval (signal “${w.signal || 'approval'}”)${timeout}.` });
         else out.push({ node: t.nodeId, signal: w.signal, text: `“${t.nodeId}” waits for the signal “${w.signal}”${timeout}.` });
