@@ -372,7 +372,7 @@ func (w *Worker) wake(queue string) {
 // queueSched.priorityCap), and a read that left such a message for want
 // of budget ends its answer with {"", 1} (capped). It returns {key,
 // entries} per read that answered, or {key, error} for one that failed.
-var readScript = redis.NewScript(stream.LuaVirtualTime + `
+var readScript = redis.NewScript(`
 local want = tonumber(ARGV[3])
 local aging = tonumber(ARGV[4])
 local out = {}
@@ -437,9 +437,25 @@ local live = {}
 for i = 2, #KEYS do
   if ARGV[4 + i] == '0' or inuse[ARGV[4 + i]] then live[#live + 1] = i end
 end
+local function vtime(i, after)
+  local r = redis.pcall('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then return nil end
+  return tonumber(string.match(r[1][1], '^(%d+)')) - tonumber(ARGV[4 + i]) * aging
+end
 local heads = {}
 for _, i in ipairs(live) do
-  heads[i] = vtime(KEYS[i], lastDelivered(KEYS[i], ARGV[1]), tonumber(ARGV[4 + i]), aging)
+  local last = '0-0'
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[i])
+  if type(groups) == 'table' and not groups.err then
+    for _, g in ipairs(groups) do
+      local name, lid
+      for j = 1, #g, 2 do
+        if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then lid = g[j + 1] end
+      end
+      if name == ARGV[1] and lid then last = lid end
+    end
+  end
+  heads[i] = vtime(i, last)
 end
 while want > 0 do
   local best, bv = nil, nil
@@ -455,7 +471,7 @@ while want > 0 do
   if got and #got > 0 then
     want = want - 1
     if top ~= nil and tonumber(ARGV[4 + best]) < top then budget = budget - 1 end
-    heads[best] = vtime(KEYS[best], got[#got][1], tonumber(ARGV[4 + best]), aging)
+    heads[best] = vtime(best, got[#got][1])
   else
     heads[best] = nil
   end

@@ -386,31 +386,3 @@ func IsBusyGroup(err error) bool { return err != nil && strings.HasPrefix(err.Er
 // IsNoGroup reports that a stream or its group is missing (e.g. after Redis
 // restarted without persistence).
 func IsNoGroup(err error) bool { return err != nil && strings.HasPrefix(err.Error(), "NOGROUP") }
-
-// LuaVirtualTime is a Lua fragment the readers of priority streams share
-// (platform workers' read script, tenant workers' poll script):
-// lastDelivered(key, group) is the id after which the group reads next,
-// and vtime(key, after, prio, aging) the virtual time of the stream's
-// first entry after that id — its publish time (milliseconds, Redis's
-// clock) less prio × aging — or nil when there is none.
-const LuaVirtualTime = `
-local function lastDelivered(key, group)
-  local last = '0-0'
-  local groups = redis.pcall('XINFO', 'GROUPS', key)
-  if type(groups) == 'table' and not groups.err then
-    for _, g in ipairs(groups) do
-      local name, lid
-      for j = 1, #g, 2 do
-        if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then lid = g[j + 1] end
-      end
-      if name == group and lid then last = lid end
-    end
-  end
-  return last
-end
-local function vtime(key, after, prio, aging)
-  local r = redis.pcall('XRANGE', key, '(' .. after, '+', 'COUNT', 1)
-  if type(r) ~= 'table' or r.err or #r == 0 then return nil end
-  return tonumber(string.match(r[1][1], '^(%d+)')) - prio * aging
-end
-`

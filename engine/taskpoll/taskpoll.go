@@ -329,7 +329,7 @@ func (p *Poller) Poll(ctx context.Context, c Caller, r taskapi.PollRequest) ([]e
 // group, consumer, reclaim idle ms, aging ms per priority level.
 // Returns {status, key, id, fields, key, id, fields, ...}: status 0 (read),
 // -1 (quota full), -2 (too many workers).
-var pollScript = redis.NewScript(stream.LuaVirtualTime + `
+var pollScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
@@ -405,9 +405,25 @@ if not levels then
   return out
 end
 local aging = tonumber(ARGV[11])
+local function vtime(i, after)
+  local r = redis.pcall('XRANGE', KEYS[i], '(' .. after, '+', 'COUNT', 1)
+  if type(r) ~= 'table' or r.err or #r == 0 then return nil end
+  return tonumber(string.match(r[1][1], '^(%d+)')) - prio[i] * aging
+end
 local heads = {}
 for _, i in ipairs(live) do
-  heads[i] = vtime(KEYS[i], lastDelivered(KEYS[i], ARGV[8]), prio[i], aging)
+  local last = '0-0'
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[i])
+  if type(groups) == 'table' and not groups.err then
+    for _, g in ipairs(groups) do
+      local name, lid
+      for j = 1, #g, 2 do
+        if g[j] == 'name' then name = g[j + 1] elseif g[j] == 'last-delivered-id' then lid = g[j + 1] end
+      end
+      if name == ARGV[8] and lid then last = lid end
+    end
+  end
+  heads[i] = vtime(i, last)
 end
 while n > 0 do
   local best, bv = nil, nil
@@ -418,7 +434,7 @@ while n > 0 do
   if best == nil then break end
   local got = readOne(best, 1)
   if got and #got > 0 then
-    heads[best] = vtime(KEYS[best], got[#got][1], prio[best], aging)
+    heads[best] = vtime(best, got[#got][1])
   else
     heads[best] = nil
   end
