@@ -46,9 +46,25 @@ func gqlCall(t *testing.T, base, credential, query string, vars map[string]any, 
 	}
 }
 
-// browser starts headless Chromium with the flags a closed network needs
-// and a fresh profile, and returns a context for chromedp actions.
-func browser(t *testing.T) context.Context {
+// devSession asks a `composer dev` for the demo owner's token, as the
+// console's one-click sign-in does.
+func devSession(t *testing.T, base string) (s struct {
+	Token    string `json:"token"`
+	TenantID string `json:"tenant_id"`
+}) {
+	t.Helper()
+	resp, err := http.Post(base+app.PathDevSession, "application/json", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&s))
+	require.NotEmpty(t, s.Token)
+	return s
+}
+
+// browser starts headless Chromium with the flags a closed network needs,
+// a fresh profile and a window of width × height, and returns a context
+// for chromedp actions.
+func browser(t *testing.T, width, height int) context.Context {
 	t.Helper()
 	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
 		t.Fatalf("Chromium is not installed (/usr/bin/chromium): run scripts/services.sh")
@@ -59,7 +75,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-quic", true), chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
 		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 900),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(width, height),
 	}
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	bctx, cancelB := chromedp.NewContext(actx)
@@ -118,6 +134,23 @@ const lowContrast = `(() => {
   return out;
 })()`
 
+// screenshot saves the page as name.png in $COMPOSER_SCREENSHOTS (a path
+// relative to the repository, as `make` runs it), when that is set.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	shots := os.Getenv("COMPOSER_SCREENSHOTS")
+	if shots == "" {
+		return
+	}
+	if !filepath.IsAbs(shots) {
+		shots = filepath.Join("..", shots)
+	}
+	var png []byte
+	run(t, ctx, js(`document.getElementById('toasts')?.remove()`), into(&png, chromedp.CaptureScreenshot()))
+	require.NoError(t, os.MkdirAll(shots, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644))
+}
+
 // poll waits until the JavaScript expression is truthy.
 func poll(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
@@ -139,33 +172,13 @@ const approvalDef = `{"nodes": [
 func TestConsoleInTheBrowser(t *testing.T) {
 	env := testenv.New(t)
 	base, _ := startDev(t, env)
-	shots := os.Getenv("COMPOSER_SCREENSHOTS")
-	if shots != "" && !filepath.IsAbs(shots) {
-		shots = filepath.Join("..", shots) // relative to the repository, as `make` runs it
-	}
-	shot := func(ctx context.Context, name string) {
-		if shots == "" {
-			return
-		}
-		var png []byte
-		run(t, ctx, js(`document.getElementById('toasts')?.remove()`), into(&png, chromedp.CaptureScreenshot()))
-		require.NoError(t, os.MkdirAll(shots, 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644))
-	}
+	shot := func(ctx context.Context, name string) { screenshot(t, ctx, name) }
 
 	// The owner token the test itself uses, from the same dev endpoint.
-	resp, err := http.Post(base+app.PathDevSession, "application/json", nil)
-	require.NoError(t, err)
-	var session struct {
-		Token    string `json:"token"`
-		TenantID string `json:"tenant_id"`
-	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&session))
-	resp.Body.Close()
+	session := devSession(t, base)
 	owner := session.Token
-	require.NotEmpty(t, owner)
 
-	ctx := browser(t)
+	ctx := browser(t, 1440, 900)
 	began := time.Now()
 
 	// Sign in with one click as the demo owner; the credential is in

@@ -72,7 +72,7 @@ async function members(body, ctx) {
       catch (e) { fail(e); }
     } }, 'Add member')),
   h('div', { class: 'card flush' }, table(['Subject', 'Email', 'Role', 'Since', ''], d.members.map((m) => h('tr', null,
-    h('td', null, m.subject, m.subject === me ? h('span', { class: 'tag' }, 'you') : null), h('td', null, m.email || '—'), h('td', null, roleSel(m)), h('td', null, fmtTime(m.createdAt)),
+    h('td', null, m.subject, m.subject === me ? [' ', h('span', { class: 'tag' }, 'you')] : null), h('td', null, m.email || '—'), h('td', null, roleSel(m)), h('td', null, fmtTime(m.createdAt)),
     h('td', null, h('button', { class: 'btn small danger', onclick: async () => {
       if (!(await ask({ title: `Remove ${m.subject}?`, body: 'Their tokens stop working at once.', danger: true, confirm: 'Remove' }))) return;
       try { await gql(`mutation($s: String!) { removeMember(subject: $s) }`, { s: m.subject }); toast('Member removed.'); reload(body, ctx, members); } catch (e) { fail(e); }
@@ -151,6 +151,8 @@ async function showDeliveries(box, ep) {
 }
 
 const money = (cents, cur) => (Number(cents) / 100).toLocaleString(undefined, { style: 'currency', currency: cur || 'USD' });
+// A unit price is often a fraction of a cent: up to six decimals.
+const unitPrice = (micros, cur) => (Number(micros) / 1e6).toLocaleString(undefined, { style: 'currency', currency: cur || 'USD', minimumFractionDigits: 2, maximumFractionDigits: 6 });
 
 async function usage(body, ctx) {
   const d = await gql(`{ tenant { name plan streamShards limits { maxRunningTasks startsPerSecond startBurst maxQueuedTasks weight spendCapCents maxRateLimits }
@@ -181,7 +183,7 @@ async function usage(body, ctx) {
     table(['Meter', 'Used', 'Included', 'Billable', 'Unit price', 'Amount', 'Hard cap'], [
       h('tr', null, h('td', null, 'Base fee'), h('td'), h('td'), h('td'), h('td'), h('td', null, money(inv.baseFeeCents, inv.currency)), h('td')),
       ...inv.lineItems.map((li) => h('tr', { class: li.capReached ? 'warn-row' : '' }, h('td', { class: 'mono' }, li.meter), h('td', null, li.quantity), h('td', null, li.included),
-        h('td', null, li.billable), h('td', null, money(Number(li.unitPriceMicros) / 10000, inv.currency)), h('td', null, money(li.amountCents, inv.currency)),
+        h('td', null, li.billable), h('td', null, unitPrice(li.unitPriceMicros, inv.currency)), h('td', null, money(li.amountCents, inv.currency)),
         h('td', null, li.hardCap === null ? '—' : li.hardCap, li.capReached ? h('span', { class: 'tag err' }, 'reached') : null))),
       h('tr', { class: 'total' }, h('th', { scope: 'row' }, 'Total'), h('td'), h('td'), h('td'), h('td'), h('td', null, money(inv.totalCents, inv.currency)), h('td'))], { caption: 'Invoice preview' }),
     inv.capsReached.length ? h('p', { class: 'pad error' }, 'New runs are refused: ', inv.capsReached.join(', ')) : null));

@@ -83,7 +83,7 @@ export async function page(main, ctx, id) {
           h('button', { class: 'btn small primary', dataset: { approve: r.node }, onclick: () => decide(run, r.signal, true, refresh) }, 'Approve…'),
           h('button', { class: 'btn small danger', dataset: { reject: r.node }, onclick: () => decide(run, r.signal, false, refresh) }, 'Reject…')) : null,
         r.signal && !r.approval && ctx.can('runs:write') ? h('span', { class: 'inline-actions' },
-          h('button', { class: 'btn small', onclick: () => signal(run, r.signal, refresh) }, `Send “${r.signal}”…`)) : null)))));
+          h('button', { class: 'btn small', dataset: { signal: r.node }, onclick: () => signal(run, r.signal, refresh) }, `Send “${r.signal}”…`)) : null)))));
   };
   const drawDetail = () => {
     clear(detail);
