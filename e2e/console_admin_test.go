@@ -37,7 +37,8 @@ const fitsWidth = `(() => {
 
 // TestConsoleRunActionsAndAdminOnALaptop drives the rest of the console
 // in headless Chromium at a laptop's 1280 × 800: a signal sent from a
-// waiting run, an approval rejected, a run re-run as new, members added,
+// waiting run, an approval rejected, a run re-run as new, the runs list
+// filtered by workflow and time, a version published, members added,
 // re-roled and removed, an error shown with its code in words, a webhook
 // delivery redelivered and the signing secret rotated, the invoice
 // preview against the API's — every page without horizontal scrolling —
@@ -48,11 +49,15 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	session := devSession(t, base)
 	owner := session.Token
 	ctx := browser(t, 1280, 800)
+	// fits checks the page needs no horizontal scrolling, its text has a
+	// contrast of at least 4.5:1 and each of its controls a label.
 	fits := func(page string) {
 		t.Helper()
-		var over []string
-		run(t, ctx, evalInto(&over, fitsWidth))
+		var over, low, unlabelled []string
+		run(t, ctx, evalInto(&over, fitsWidth), evalInto(&low, lowContrast), evalInto(&unlabelled, unlabelledControls))
 		assert.Empty(t, over, "%s is wider than a 1280 px window", page)
+		assert.Empty(t, low, "text below 4.5:1 on %s", page)
+		assert.Empty(t, unlabelled, "controls without a label on %s", page)
 	}
 
 	var endpoint struct {
@@ -141,6 +146,55 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	assert.Equal(t, rejected, rerun.Run.RerunOf)
 	assert.Equal(t, "RUNNING", rerun.Run.Status)
 	assert.Equal(t, map[string]any{"order": "o-9"}, rerun.Run.Input, "re-run as new keeps the input")
+
+	// The runs list filtered by workflow (with its counts) and by creation
+	// time, the filters in the address.
+	local := func(offset string) string {
+		return fmt.Sprintf(`(() => { const d = new Date(Date.now() %s); return new Date(d - d.getTimezoneOffset() * 60000).toISOString().slice(0, 16); })()`, offset)
+	}
+	run(t, ctx,
+		js(`composer.navigate('/runs')`),
+		chromedp.WaitVisible(css("#flt-workflow")),
+		chromedp.SetValue(css("#flt-workflow"), gate),
+		chromedp.Click(css(`form.filters button[type="submit"]`)),
+		poll(fmt.Sprintf(`location.search === '?workflow=%s' && document.querySelectorAll('tr[data-run]').length === 1 && !!document.querySelector('tr[data-run="%s"]')`, gate, signalled)),
+		poll(`parseInt(document.querySelector('.counts .count[data-status="COMPLETED"] .n').textContent, 10) === 1 &&
+			parseInt(document.querySelector('.counts .count[data-status="FAILED"] .n').textContent, 10) === 0`),
+		js(fmt.Sprintf(`composer.navigate('/runs?after=' + %s + '&before=' + %s)`, local("- 600e3"), local("+ 600e3"))),
+		poll(`document.querySelectorAll('tr[data-run]').length === 3`),
+		js(fmt.Sprintf(`composer.navigate('/runs?after=' + %s)`, local("+ 600e3"))),
+		poll(`document.querySelector('main').textContent.includes('No runs match these filters.') && document.querySelectorAll('tr[data-run]').length === 0`),
+	)
+
+	// A new version published from the console: the editor starts from the
+	// current definition, the preview is drawn as it is edited (a cycle is
+	// named before publishing), the server's problem is shown on its node,
+	// and the published version opens as a diff against the one before.
+	setDef := func(def string) chromedp.Action[chromedp.Void] {
+		return js(fmt.Sprintf(`(() => { const a = document.querySelector('#wf-def'); a.value = %q; a.dispatchEvent(new Event('input')); })()`, def))
+	}
+	run(t, ctx,
+		js(fmt.Sprintf(`composer.navigate('/workflows/%s')`, gate)),
+		chromedp.WaitVisible(css("#publish")),
+		chromedp.Click(css("#publish")),
+		chromedp.WaitVisible(css("#wf-def")),
+		poll(`document.querySelector('#wf-def').value.includes('"hold"') && document.querySelectorAll('#preview .node').length === 2`),
+		setDef(`{"nodes": [{"id": "hold", "type": "wait", "wait": {"signal": "go"}, "depends_on": ["after"]}, {"id": "after", "type": "noop", "depends_on": ["hold"]}]}`),
+		poll(`document.querySelector('#editor-status').textContent.includes('A cycle through')`),
+		chromedp.Click(css("#wf-submit")),
+		chromedp.WaitVisible(css(`#editor-status .error`)),
+		poll(`document.querySelectorAll('#preview .node.problem').length > 0`),
+		setDef(`{"nodes": [{"id": "hold", "type": "wait", "wait": {"signal": "go", "timeout": "2h"}},
+			{"id": "after", "type": "noop", "depends_on": ["hold"]}, {"id": "audit", "type": "noop", "depends_on": ["after"]}]}`),
+		poll(`!!document.querySelector('#preview .node[data-node="audit"]') && !document.querySelector('#preview .node.problem')`),
+		chromedp.Click(css("#wf-submit")),
+		poll(`location.search === '?a=1&b=2' && document.querySelector('#diff-summary').textContent.includes('between v1 and v2')`),
+	)
+	var versions struct {
+		Workflow struct{ Versions []struct{ Version int } }
+	}
+	gqlCall(t, base, owner, `query($id: ID!) { workflow(id: $id) { versions { version } } }`, map[string]any{"id": gate}, &versions)
+	assert.Len(t, versions.Workflow.Versions, 2, "one version published from the console, none by the refused attempt")
 
 	// Members: added, given another role, removed; the last owner's removal
 	// is refused with its code in words.

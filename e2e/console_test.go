@@ -151,6 +151,11 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	require.NoError(t, os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644))
 }
 
+// unlabelledControls lists the form controls of the page with neither a
+// label nor an aria-label.
+const unlabelledControls = `[...document.querySelectorAll('input, select, textarea')].filter(el =>
+	!(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.outerHTML)`
+
 // poll waits until the JavaScript expression is truthy.
 func poll(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
@@ -323,8 +328,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	)
 	// Every form control of the page has a label.
 	var unlabelled []string
-	run(t, ctx, evalInto(&unlabelled, `[...document.querySelectorAll('input, select, textarea')].filter(el =>
-		!(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.outerHTML)`))
+	run(t, ctx, evalInto(&unlabelled, unlabelledControls))
 	assert.Empty(t, unlabelled)
 	var low []string
 	run(t, ctx, evalInto(&low, lowContrast))
