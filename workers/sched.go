@@ -680,6 +680,11 @@ func (w *Worker) readLoop(ctx, execCtx context.Context, queue string) {
 // at the bound of its lower priorities (capped: a task ending may let it
 // read more).
 func (w *Worker) fill(ctx, execCtx context.Context, queue string, qs *queueSched, free *int) (got int, capped bool) {
+	// First what a lost read may have left in this worker's pending list.
+	if n := w.recoverOwn(ctx, execCtx, queue, *free); n > 0 {
+		*free -= n
+		got += n
+	}
 	var skip map[uuid.UUID]bool
 	for *free > 0 && ctx.Err() == nil {
 		grants := qs.plan(*free, time.Now(), skip)

@@ -175,6 +175,8 @@ type Worker struct {
 
 	// scheds picks, per queue, whose messages to read next.
 	scheds map[string]*queueSched
+	// own knows, per queue, the messages this worker holds (ownpending.go).
+	own map[string]*ownPending
 
 	// pauseRenewals, in tests, stops renewing (a worker frozen by a GC
 	// pause or SIGSTOP as far as the server can tell).
@@ -211,10 +213,11 @@ func New(cfg Config, rdb redis.UniversalClient, api TaskAPI, executors map[strin
 	w := &Worker{cfg: cfg, rdb: rdb, names: stream.NewNames(cfg.Namespace), api: api, exec: executors,
 		log: log.With(zap.String("worker_id", cfg.WorkerID)), slots: make(chan struct{}, cfg.Concurrency),
 		freed: make(chan struct{}, 1), ended: make(chan struct{}, 1), inflight: map[uuid.UUID]*execution{}, wakes: map[string]chan struct{}{},
-		scheds: map[string]*queueSched{}}
+		scheds: map[string]*queueSched{}, own: map[string]*ownPending{}}
 	for _, q := range cfg.Queues {
 		w.wakes[q] = make(chan struct{}, 1)
 		w.scheds[q] = newQueueSched(cfg.Concurrency)
+		w.own[q] = newOwnPending()
 	}
 	for t := range executors {
 		w.nodeTypes = append(w.nodeTypes, t)
@@ -486,6 +489,11 @@ for p in pairs(empty) do redis.call('SREM', KEYS[1], p) end
 return finish()
 `)
 
+// slowRead is how long a read's round trip takes before its answer is
+// doubted: reads take milliseconds, and the client's read timeout is
+// seconds.
+const slowRead = time.Second
+
 // readResult is what one grant's read got: its messages, and whether the
 // read stopped at the bound on the tenant's lower priorities with more
 // of them to read.
@@ -496,9 +504,18 @@ type readResult struct {
 
 // readGrants reads what each grant may still take (its held messages
 // first) from its tenant's shards: all grants in one pipelined round trip.
+// A read that failed may have delivered what it read all the same, and so
+// may one that took longer than slowRead (the client retries a pipeline
+// that timed out: the answer is the retry's, while the first try may
+// have run once Redis caught up): their streams become suspect
+// (recoverOwn).
 func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) []readResult {
+	own := w.own[queue]
+	own.mu.Lock()
+	defer own.mu.Unlock()
 	pipe := w.rdb.Pipeline()
 	cmds := make([]*redis.Cmd, len(grants))
+	keys := make([][]string, len(grants))
 	for i, g := range grants {
 		need := g.n - len(g.held)
 		if need <= 0 {
@@ -514,24 +531,33 @@ func (w *Worker) readGrants(ctx context.Context, queue string, grants []grant) [
 			rotated := append(append([]string(nil), level[rot:]...), level[:rot]...)
 			copy(level, rotated)
 		}
-		keys := append([]string{w.names.Priorities(g.id, queue)}, streams...)
-		args := make([]any, 0, 4+len(keys))
+		keys[i] = streams
+		args := make([]any, 0, 5+len(streams))
 		args = append(args, stream.Group, w.cfg.WorkerID, need, stream.PriorityAging.Milliseconds(), g.capArg)
 		for _, k := range streams {
 			args = append(args, stream.KeyPriority(k))
 		}
-		cmds[i] = readScript.Eval(ctx, pipe, keys, args...)
+		cmds[i] = readScript.Eval(ctx, pipe, append([]string{w.names.Priorities(g.id, queue)}, streams...), args...)
 	}
+	slow := false
 	if pipe.Len() > 0 {
+		began := time.Now()
 		_, _ = pipe.Exec(ctx) // per-command errors are read below
+		slow = time.Since(began) > slowRead
 	}
 	out := make([]readResult, len(grants))
 	for i, g := range grants {
 		out[i].msgs = g.held
 		if cmds[i] != nil {
 			msgs, capped := w.collectRead(ctx, cmds[i])
+			own.learn(msgs)
 			out[i].msgs = append(out[i].msgs, msgs...)
 			out[i].capped = capped
+			if err := cmds[i].Err(); slow || (err != nil && err != redis.Nil) {
+				for _, k := range keys[i] {
+					own.suspect[k] = struct{}{}
+				}
+			}
 		}
 	}
 	return out
@@ -633,6 +659,7 @@ func (w *Worker) ack(ctx context.Context, msgs ...stream.Message) {
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		w.log.Warn("acknowledging messages failed; they will be reclaimed and dropped", zap.Error(err))
 	}
+	w.forgetSettled(msgs)
 }
 
 // dispatch leases a batch of messages (of one or more tenants) in one call and starts
@@ -743,6 +770,7 @@ func (w *Worker) putBack(ctx context.Context, msgs []stream.Message) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		w.log.Warn("putting messages back failed; they are reclaimed later", zap.Error(err))
 	}
+	w.forgetSettled(msgs)
 	// The news goes out once the messages are in: on a cluster a pipeline
 	// runs each node's commands concurrently, and a worker woken before
 	// the message landed would find the tenant empty and let it rest.
@@ -1111,14 +1139,14 @@ func (w *Worker) reclaimQueue(ctx, execCtx context.Context, queue string) {
 		_, _ = pipe.Exec(ctx)
 		for i, key := range busy {
 			if p, err := idle[i].Result(); err == nil && len(p) > 0 {
-				w.reclaim(ctx, execCtx, key)
+				w.reclaim(ctx, execCtx, queue, key)
 			}
 		}
 	}
 }
 
 // reclaim runs one reclaim pass over a stream.
-func (w *Worker) reclaim(ctx, execCtx context.Context, key string) {
+func (w *Worker) reclaim(ctx, execCtx context.Context, queue, key string) {
 	free := w.takeSlots(w.cfg.Concurrency)
 	defer func() {
 		for range free {
@@ -1128,48 +1156,27 @@ func (w *Worker) reclaim(ctx, execCtx context.Context, key string) {
 	if free == 0 {
 		return
 	}
+	own := w.own[queue]
+	own.mu.Lock()
 	xs, _, err := w.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: key, Group: stream.Group, Consumer: w.cfg.WorkerID,
 		MinIdle: w.cfg.ClaimIdle, Start: "0-0", Count: int64(free)}).Result()
 	if err != nil {
-		if err != redis.Nil && !stream.IsNoGroup(err) && ctx.Err() == nil {
-			w.log.Warn("reclaiming failed", zap.String("stream", key), zap.Error(err))
+		if err != redis.Nil && !stream.IsNoGroup(err) {
+			// A claim whose answer was lost may have claimed all the same.
+			own.suspect[key] = struct{}{}
+			if ctx.Err() == nil {
+				w.log.Warn("reclaiming failed", zap.String("stream", key), zap.Error(err))
+			}
 		}
+		own.mu.Unlock()
 		return
 	}
-	if len(xs) == 0 {
-		return
-	}
-	// Delivery counts, to stop a message that keeps coming back.
-	pipe := w.rdb.Pipeline()
-	counts := make([]*redis.XPendingExtCmd, len(xs))
-	for i, x := range xs {
-		counts[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: stream.Group, Start: x.ID, End: x.ID, Count: 1})
-	}
-	_, _ = pipe.Exec(ctx)
-	var run []stream.Message
-	for i, x := range xs {
-		m, err := stream.Parse(key, x)
-		if err != nil {
-			w.deadLetter(ctx, key, x, err)
-			continue
-		}
-		if p, err := counts[i].Result(); err == nil && len(p) == 1 {
-			m.Deliveries = p[0].RetryCount + m.Carried
-		}
-		if m.Deliveries > w.cfg.MaxDeliveries {
-			w.poison(ctx, m)
-			continue
-		}
-		run = append(run, m)
-	}
+	run, settle := w.claimed(ctx, own, key, xs)
+	own.mu.Unlock()
+	settle()
 	if len(run) > 0 {
 		// Hand the reclaimed messages the slots taken for them.
 		free -= len(run)
-		for _, m := range run {
-			if s := w.scheds[m.Queue]; s != nil {
-				s.took(m.Tenant, stream.KeyPriority(m.Stream))
-			}
-		}
 		w.dispatch(execCtx, run)
 	}
 }

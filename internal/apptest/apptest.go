@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -141,6 +142,9 @@ type WorkerOptions struct {
 	Config func(*workers.Config)
 	// API replaces the HTTP task API client (e.g. to intercept calls).
 	API workers.TaskAPI
+	// Redis replaces the worker's Redis client (e.g. one whose
+	// connections a test breaks).
+	Redis redis.UniversalClient
 }
 
 // StartWorker runs an in-process worker against the system until the test
@@ -162,7 +166,11 @@ func (s *System) StartWorker(o WorkerOptions) (w *workers.Worker, stop func()) {
 	if api == nil {
 		api = taskapi.NewClient(s.URL, s.Cfg.WorkerToken)
 	}
-	w = workers.New(cfg, s.Deps.Redis, api, executors, s.Log.Named(cfg.WorkerID))
+	rdb := o.Redis
+	if rdb == nil {
+		rdb = s.Deps.Redis
+	}
+	w = workers.New(cfg, rdb, api, executors, s.Log.Named(cfg.WorkerID))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(ctx) }()
