@@ -97,6 +97,9 @@ func (w *Worker) forgetSettled(msgs []stream.Message) {
 // (a worker holds at most its concurrency plus what it holds for quota).
 const ownPendingPage = 1000
 
+// recoverChunk bounds the suspect streams one recovery looks at.
+const recoverChunk = 1024
+
 // recoverOwn takes back, from this worker's own pending list of the
 // queue's suspect streams, the messages it does not know, at most free of
 // them, and hands them to dispatch (off the loop, as fill does). It
@@ -108,14 +111,29 @@ func (w *Worker) recoverOwn(ctx, execCtx context.Context, queue string, free int
 		o.mu.Unlock()
 		return 0
 	}
+	// One pipelined look at up to recoverChunk suspect streams (a slow read
+	// of many tenants makes all their streams suspect at once).
+	keys := make([]string, 0, min(len(o.suspect), recoverChunk))
+	for key := range o.suspect {
+		if len(keys) == recoverChunk {
+			break
+		}
+		keys = append(keys, key)
+	}
+	pipe := w.rdb.Pipeline()
+	pends := make([]*redis.XPendingExtCmd, len(keys))
+	for i, key := range keys {
+		pends[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: stream.Group,
+			Start: "-", End: "+", Count: ownPendingPage, Consumer: w.cfg.WorkerID})
+	}
+	_, _ = pipe.Exec(ctx) // per-command errors are read below
 	var got []stream.Message
 	var settles []func()
-	for key := range o.suspect {
+	for i, key := range keys {
 		if free-len(got) <= 0 {
 			break
 		}
-		pend, err := w.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: stream.Group,
-			Start: "-", End: "+", Count: ownPendingPage, Consumer: w.cfg.WorkerID}).Result()
+		pend, err := pends[i].Result()
 		if err != nil {
 			if err == redis.Nil || stream.IsNoGroup(err) {
 				delete(o.suspect, key) // no stream, or no group: nothing pending
