@@ -245,7 +245,7 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	)
 	assert.Equal(t, "VIEWER", members()[dev])
 	run(t, ctx,
-		js(fmt.Sprintf(`[...document.querySelectorAll('tr')].find(tr => tr.textContent.startsWith(%q)).querySelector('button').click()`, dev)),
+		clickInRow("tr", fmt.Sprintf(`tr.textContent.startsWith(%q) && tr.querySelector('select').value === 'VIEWER'`, dev), "button"),
 		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
 		chromedp.Click(css(`dialog button[value="ok"]`)),
 		poll(fmt.Sprintf(`!document.querySelector('select[aria-label="Role of %s"]')`, dev)),
@@ -253,7 +253,7 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	assert.NotContains(t, members(), dev)
 	var refused string
 	run(t, ctx,
-		js(`[...document.querySelectorAll('tr')].find(tr => tr.querySelector('.tag') && tr.querySelector('.tag').textContent === 'you').querySelector('button').click()`),
+		clickInRow("tr", fmt.Sprintf(`!document.querySelector('select[aria-label="Role of %s"]') && tr.querySelector('.tag') && tr.querySelector('.tag').textContent === 'you'`, dev), "button"),
 		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
 		chromedp.Click(css(`dialog button[value="ok"]`)),
 		poll(`[...document.querySelectorAll('#toasts .toast.err')].some(t => t.textContent.includes('(CONFLICT)'))`),
@@ -294,7 +294,7 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 		js(`composer.navigate('/admin/webhooks')`),
 		chromedp.WaitVisible(css(".endpoint")),
 		poll(`[...document.querySelectorAll('#deliveries tr')].some(tr => tr.textContent.includes('run.completed') && tr.textContent.includes('succeeded') && tr.textContent.includes('HTTP 200'))`),
-		js(`[...document.querySelectorAll('#deliveries tr')].find(tr => tr.textContent.includes('run.completed')).querySelector('button').click()`),
+		clickInRow("#deliveries tr", `tr.textContent.includes('run.completed')`, "button"),
 		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
 		chromedp.Click(css(`dialog button[value="ok"]`)),
 	)

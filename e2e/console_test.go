@@ -156,6 +156,15 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 const unlabelledControls = `[...document.querySelectorAll('input, select, textarea')].filter(el =>
 	!(el.labels && el.labels.length) && !el.getAttribute('aria-label')).map(el => el.outerHTML)`
 
+// clickInRow clicks the element matching sel in the first table row whose
+// text passes the JavaScript predicate match (of tr), once such a row is
+// on the page: a table re-rendered after an action is waited for, not
+// raced.
+func clickInRow(rows, match, sel string) chromedp.Action[chromedp.Void] {
+	return poll(fmt.Sprintf(`(() => { const tr = [...document.querySelectorAll(%q)].find(tr => %s);
+		const el = tr && tr.querySelector(%q); if (!el) return false; el.click(); return true; })()`, rows, match, sel))
+}
+
 // poll waits until the JavaScript expression is truthy.
 func poll(expr string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
@@ -484,7 +493,7 @@ func TestConsoleInTheBrowser(t *testing.T) {
 		into(&secret, chromedp.Text(css("dialog code.secret"))),
 		chromedp.Click(css("dialog .btn.primary")),
 		poll(`[...document.querySelectorAll('tr')].some(tr => tr.textContent.includes('ci deploys') && tr.textContent.includes('runs:write'))`),
-		js(`[...document.querySelectorAll('tr')].find(tr => tr.textContent.includes('ci deploys')).querySelector('button[data-revoke]').click()`),
+		clickInRow("tr", `tr.textContent.includes('ci deploys')`, "button[data-revoke]"),
 		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
 		chromedp.Click(css(`dialog button[value="ok"]`)),
 		poll(`[...document.querySelectorAll('tr.revoked')].some(tr => tr.textContent.includes('ci deploys'))`),
