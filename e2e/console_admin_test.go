@@ -42,7 +42,9 @@ const fitsWidth = `(() => {
 // re-roled and removed, an error shown with its code in words, a webhook
 // delivery redelivered and the signing secret rotated, the invoice
 // preview against the API's — every page without horizontal scrolling —
-// and an expiring token signed out.
+// the stats page's range and workflow, a webhook endpoint disabled,
+// enabled and deleted, a dialog dismissed with Escape, and an expiring
+// token signed out.
 func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	env := testenv.New(t)
 	base, _ := startDev(t, env)
@@ -261,6 +263,15 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	)
 	assert.Contains(t, refused, "Conflicts with the current state (CONFLICT)")
 	assert.Equal(t, before, members(), "the refused removal changed nothing")
+	// Escape dismisses a dialog, and nothing is done.
+	run(t, ctx,
+		chromedp.Click(css("#add-member")),
+		chromedp.WaitVisible(css("#f-subject")),
+		chromedp.SetValue(css("#f-subject"), "escaped@example.com"),
+		chromedp.KeyEvent("\u001b"),
+		poll(`!document.querySelector('dialog[open]')`),
+	)
+	assert.Equal(t, before, members(), "a dismissed dialog adds no one")
 
 	// Webhooks: the completed run's delivery succeeded; redelivered from
 	// the console it has a second attempt, with the same webhook id.
@@ -342,6 +353,36 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	require.Len(t, eps.WebhookEndpoints[0].Secrets, 2, "the current secret and the rotated-out one")
 	require.Len(t, grace, 1)
 	assert.InDelta(t, time.Hour.Seconds(), grace[0].Seconds(), 120, "an hour's grace, as asked in the console")
+	// Disabled (confirmed), enabled again, then deleted (confirmed).
+	button := func(label string) chromedp.Action[chromedp.Void] {
+		return poll(fmt.Sprintf(`(() => { const b = [...document.querySelectorAll('.endpoint .actions button')].find(b => b.textContent === %q);
+			if (!b) return false; b.click(); return true; })()`, label))
+	}
+	enabled := func() []bool {
+		var e struct{ WebhookEndpoints []struct{ Enabled bool } }
+		gqlCall(t, base, owner, `{ webhookEndpoints { enabled } }`, nil, &e)
+		var out []bool
+		for _, x := range e.WebhookEndpoints {
+			out = append(out, x.Enabled)
+		}
+		return out
+	}
+	run(t, ctx,
+		button("Disable"),
+		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
+		chromedp.Click(css(`dialog button[value="ok"]`)),
+		poll(`(document.querySelector('.endpoint .badge') || {}).textContent === 'disabled'`),
+	)
+	assert.Equal(t, []bool{false}, enabled())
+	run(t, ctx, button("Enable"), poll(`(document.querySelector('.endpoint .badge') || {}).textContent === 'enabled'`))
+	assert.Equal(t, []bool{true}, enabled())
+	run(t, ctx,
+		button("Delete"),
+		chromedp.WaitVisible(css(`dialog button[value="ok"]`)),
+		chromedp.Click(css(`dialog button[value="ok"]`)),
+		poll(`!document.querySelector('.endpoint') && document.querySelector('main').textContent.includes('No endpoints.')`),
+	)
+	assert.Empty(t, enabled())
 
 	// Usage: the invoice preview's rows are the API's line items, its total
 	// the API's total.
@@ -375,6 +416,18 @@ func TestConsoleRunActionsAndAdminOnALaptop(t *testing.T) {
 	assert.Equal(t, want, total)
 	fits("the usage tab")
 	screenshot(t, ctx, "usage")
+
+	// Stats: the range and the workflow chosen are in the address, and the
+	// bars are the chosen workflow's (one run of "gate" started).
+	const startedBars = `[...document.querySelectorAll('#stats svg.chart rect.bar.started title')].map(t => parseInt(t.textContent.split(': ')[1], 10)).reduce((a, b) => a + b, 0)`
+	run(t, ctx,
+		js(`composer.navigate('/stats')`),
+		chromedp.WaitVisible(css("#stats svg.chart")),
+		js(`(() => { const s = document.querySelector('#st-range'); s.value = '7d'; s.dispatchEvent(new Event('change')); })()`),
+		poll(`location.search === '?range=7d' && /^[78] buckets/.test((document.querySelector('#chart-desc') || {textContent: ''}).textContent)`),
+		js(fmt.Sprintf(`(() => { const s = document.querySelector('#st-workflow'); s.value = %q; s.dispatchEvent(new Event('change')); })()`, gate)),
+		poll(fmt.Sprintf(`location.search === '?range=7d&workflow=%s' && !!document.querySelector('#stats svg.chart') && %s === 1`, gate, startedBars)),
+	)
 
 	for _, page := range []struct{ path, ready string }{
 		{"/workflows", "#new-workflow"}, {"/workflows/" + orders, "#diff"}, {"/stats", "#stats svg.chart"}, {"/admin/keys", "#create-key"},

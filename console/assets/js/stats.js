@@ -17,7 +17,10 @@ export async function page(main) {
   const out = h('div', { id: 'stats' });
   main.append(h('div', { class: 'page-head' }, h('h1', null, 'Stats'),
     h('div', { class: 'inline-fields' }, h('label', { for: 'st-range' }, 'Range'), range, h('label', { for: 'st-workflow' }, 'Workflow'), wf)), out);
+  // A load overtaken by a newer one (the range changed twice) draws nothing.
+  let latest = 0;
   const load = async () => {
+    const mine = ++latest;
     const [span, interval] = RANGES[range.value];
     const to = new Date();
     const from = new Date(to.getTime() - span);
@@ -27,8 +30,10 @@ export async function page(main) {
       const d = await gql(`query($w: ID, $f: Time!, $t: Time!, $i: StatsInterval!) { runStats(workflowId: $w, from: $f, to: $t, interval: $i) {
         interval from to buckets { start started completed failed cancelled p50Ms p95Ms failureRate } } }`,
       { w: wf.value || null, f: from.toISOString(), t: to.toISOString(), i: interval });
+      if (mine !== latest) return;
       clear(out).append(chart(d.runStats), summary(d.runStats));
     } catch (e) {
+      if (mine !== latest) return;
       clear(out);
       if (e.code === 'GRAPHQL_VALIDATION_FAILED') {
         out.append(h('div', { class: 'callout', id: 'stats-unavailable' }, h('h2', null, 'Stats are not available on this server'),
