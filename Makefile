@@ -6,7 +6,7 @@ GO    ?= go
 BIN   := bin/composer
 PKGS  := ./...
 
-.PHONY: run test test-cluster bench generate lint lint-chart migrate services build tools clean
+.PHONY: run test test-cluster bench bench-compare generate lint lint-chart migrate services build tools clean
 
 # The Redis Cluster scripts/services.sh starts, and the packages whose tests
 # talk to Redis: `make test-cluster` runs them again on it. (-short leaves
@@ -41,11 +41,26 @@ test: services lint
 test-cluster: services
 	$(CLUSTER_TEST)
 
-## bench: the benchmarks (see docs/benchmarks.md): end to end, then the pure core
+## bench: the benchmarks (see docs/benchmarks.md). First the step-path scenarios
+## (bench.StepPath) with this tree's binary and BENCH_BASELINE's, alternating in
+## BENCH_PAIRS ABBA pairs, printing current/baseline ratios (bench-compare.json);
+## then every scenario once (bench-results.json); then the pure core and statistics.
+## `make bench BENCH_BASELINE=<commit>` compares with another commit.
+BENCH_BASELINE ?= 5aa9f31
+BENCH_PAIRS    ?= 2
 bench: services build
+	./$(BIN) bench -baseline "$$(bash scripts/baseline-binary.sh $(BENCH_BASELINE))" -baseline-name $(BENCH_BASELINE) \
+		-pairs $(BENCH_PAIRS) -out bench-compare.json
 	./$(BIN) bench -out bench-results.json
 	$(GO) test -run '^$$' -bench . -benchmem ./engine/statemachine ./engine/dag ./internal/pguuid
 	$(GO) test -run '^$$' -bench BenchmarkDashboardStats1M -benchtime 200x -timeout 20m ./stats
+
+## bench-compare: only the alternating comparison (SCENARIOS=a,b to choose; SCALE to shorten)
+SCENARIOS ?=
+SCALE     ?= 1
+bench-compare: services build
+	./$(BIN) bench -baseline "$$(bash scripts/baseline-binary.sh $(BENCH_BASELINE))" -baseline-name $(BENCH_BASELINE) \
+		-pairs $(BENCH_PAIRS) -scale $(SCALE) $(if $(SCENARIOS),-scenarios $(SCENARIOS)) -out bench-compare.json
 
 ## migrate: apply the migrations to the configured database
 migrate: services build

@@ -77,17 +77,23 @@ func percentiles(ds []time.Duration) Percentiles {
 
 // Result is one scenario's figures.
 type Result struct {
-	Scenario         string         `json:"scenario"`
-	Steps            int            `json:"steps"`
-	Runs             int            `json:"runs"`
-	Seconds          float64        `json:"seconds"`
-	StepsPerSec      float64        `json:"steps_per_sec"`
-	Handoff          Percentiles    `json:"handoff"`
-	RunLatency       Percentiles    `json:"run_latency"`
-	CommitsPerStep   float64        `json:"pg_commits_per_step"`
-	WALBytesPerStep  float64        `json:"wal_bytes_per_step"`
-	RedisCmdsPerStep float64        `json:"redis_commands_per_step"`
-	Extra            map[string]any `json:"extra,omitempty"`
+	Scenario         string      `json:"scenario"`
+	Steps            int         `json:"steps"`
+	Runs             int         `json:"runs"`
+	Seconds          float64     `json:"seconds"`
+	StepsPerSec      float64     `json:"steps_per_sec"`
+	Handoff          Percentiles `json:"handoff"`
+	RunLatency       Percentiles `json:"run_latency"`
+	CommitsPerStep   float64     `json:"pg_commits_per_step"`
+	WALBytesPerStep  float64     `json:"wal_bytes_per_step"`
+	RedisCmdsPerStep float64     `json:"redis_commands_per_step"`
+	// CPUPerStepMs is the benchmark process's CPU time (user + system: the
+	// server, its loops and the workers, all in this process) per step;
+	// PGCPUPerStepMs is PostgreSQL's (every backend of the local cluster),
+	// when its processes can be read (0 otherwise).
+	CPUPerStepMs   float64        `json:"cpu_ms_per_step"`
+	PGCPUPerStepMs float64        `json:"pg_cpu_ms_per_step,omitempty"`
+	Extra          map[string]any `json:"extra,omitempty"`
 }
 
 // Report is the whole benchmark run.
@@ -323,6 +329,8 @@ type counters struct {
 	commits  int64
 	walLSN   string
 	redisCmd int64
+	cpu      time.Duration // this process
+	pgCPU    time.Duration // the PostgreSQL cluster's processes (0 when unreadable)
 }
 
 func (e *env) counters(ctx context.Context) (counters, error) {
@@ -333,6 +341,8 @@ func (e *env) counters(ctx context.Context) (counters, error) {
 	// on demand), and the statistics read a moment later are complete.
 	e.deps.DB.Reset()
 	time.Sleep(300 * time.Millisecond)
+	c.cpu = selfCPU()
+	c.pgCPU = postgresCPU(ctx, e)
 	err := e.deps.DB.System().QueryRow(ctx, `SELECT xact_commit, pg_current_wal_lsn()::text FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.commits, &c.walLSN)
 	if err != nil {
 		return c, err
@@ -363,17 +373,21 @@ func (e *env) cost(ctx context.Context, before counters, steps int, r *Result) e
 	r.CommitsPerStep = float64(after.commits-before.commits) / float64(steps)
 	r.WALBytesPerStep = float64(wal) / float64(steps)
 	r.RedisCmdsPerStep = float64(after.redisCmd-before.redisCmd) / float64(steps)
+	r.CPUPerStepMs = float64((after.cpu - before.cpu).Microseconds()) / 1000 / float64(steps)
+	if before.pgCPU > 0 && after.pgCPU > before.pgCPU {
+		r.PGCPUPerStepMs = float64((after.pgCPU - before.pgCPU).Microseconds()) / 1000 / float64(steps)
+	}
 	return nil
 }
 
 // Print writes the report as a table.
 func (r Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "scenario\tsteps\tsteps/s\thandoff p50\tp90\tp99\tmax\trun p50\tp99\tcommits/step\tWAL B/step\tredis cmd/step\t\n")
+	fmt.Fprintf(tw, "scenario\tsteps\tsteps/s\thandoff p50\tp90\tp99\tmax\trun p50\tp99\tcommits/step\tWAL B/step\tredis cmd/step\tCPU ms/step\tPG CPU ms/step\t\n")
 	for _, x := range r.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.2f\t%.0f\t%.2f\t\n", x.Scenario, x.Steps, x.StepsPerSec,
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.2f\t%.0f\t%.2f\t%.3f\t%.3f\t\n", x.Scenario, x.Steps, x.StepsPerSec,
 			x.Handoff.P50, x.Handoff.P90, x.Handoff.P99, x.Handoff.Max, x.RunLatency.P50, x.RunLatency.P99,
-			x.CommitsPerStep, x.WALBytesPerStep, x.RedisCmdsPerStep)
+			x.CommitsPerStep, x.WALBytesPerStep, x.RedisCmdsPerStep, x.CPUPerStepMs, x.PGCPUPerStepMs)
 	}
 	tw.Flush()
 	for _, x := range r.Results {

@@ -40,6 +40,10 @@ const (
 var All = []string{ChainsK1, ChainsK16, SDKChainsK1, SDKChainsK16, ChainsK64, FanOut, StartLat, HTTPChains, Ceiling, ChainsK16Stream,
 	CeilingStream, GraphQLRuns, NoisyNeighbour, PriorityBacklog, SDKIdle, BacklogAtQuota, Tenants1, Tenants1Stream, Tenants100, Tenants1000, Tenants10000, StartThroughput, EventIngest, BulkCancel, ChainsK16Scraped}
 
+// StepPath are the scenarios a change on the step path is compared on
+// (`composer bench -baseline`, `make bench`).
+var StepPath = []string{ChainsK1, ChainsK16, ChainsK64, SDKChainsK16, Tenants1000}
+
 // Run runs the selected scenarios and returns the report.
 func Run(ctx context.Context, o Options) (Report, error) {
 	if o.Scale <= 0 {

@@ -10,8 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -198,22 +196,4 @@ func (e *env) serverProcess(ctx context.Context) (url string, pid int, stop func
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// processCPU is a process's user and system CPU time so far, from
-// /proc/<pid>/stat (clock ticks of 10 ms).
-func processCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command name (which may hold spaces) in parentheses.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("unexpected /proc stat: %q", s)
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
