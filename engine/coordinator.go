@@ -118,6 +118,8 @@ type AttemptReport struct {
 	Node    string
 	Attempt int
 	Worker  string
+	// Key is the API key the worker reported with (a tenant's own worker).
+	Key string
 	// StartedAt is when the attempt's lease was granted (database clock).
 	StartedAt time.Time
 }
@@ -549,6 +551,11 @@ type Report struct {
 	// LeaseOwner, when set, must hold the task's lease for the report to
 	// apply (the attempt fence applies either way).
 	LeaseOwner string
+	// LeaseKey is the API key LeaseOwner authenticated with, for a
+	// tenant's own worker (see Holder): the report applies only to a lease
+	// taken with that key, and is FORBIDDEN for a node tenant workers do
+	// not run.
+	LeaseKey string
 	// Unleased reports on an attempt no worker has leased (a message that
 	// was delivered too often without ever being run): it applies only
 	// while the task is still pending, never to a running attempt.
@@ -583,14 +590,14 @@ type EagerOffer struct {
 	TTL      time.Duration
 }
 
-func (o *EagerOffer) check(owner string) error {
+func (o *EagerOffer) check(h Holder) error {
 	if o == nil {
 		return nil
 	}
 	if o.Queue == "" || len(o.NodeTypes) == 0 || len(o.NodeTypes) > 64 || len(o.Handlers) > MaxWorkerHandlers {
 		return errs.E(errs.Invalid, "an eager offer names its queue, 1-64 node types and at most %d handlers", MaxWorkerHandlers)
 	}
-	return checkLease(owner, o.TTL, 1)
+	return checkLease(h, o.TTL, 1)
 }
 
 // MaxWorkerHandlers bounds the handlers one worker may serve.
@@ -611,7 +618,8 @@ func (o *EagerOffer) accepts(n *dag.Node) bool {
 // CompleteTask applies a successful result.
 func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Report) (Ack, error) {
 	if len(r.Output) > MaxInputBytes {
-		return c.FailTask(ctx, tenant, Report{RunID: r.RunID, TaskID: r.TaskID, NodeID: r.NodeID, Attempt: r.Attempt, LeaseOwner: r.LeaseOwner,
+		return c.FailTask(ctx, tenant, Report{RunID: r.RunID, TaskID: r.TaskID, NodeID: r.NodeID, Attempt: r.Attempt,
+			LeaseOwner: r.LeaseOwner, LeaseKey: r.LeaseKey,
 			Error: sm.Error{Code: sm.CodeOutputTooLarge, Message: fmt.Sprintf("output is %d bytes; the limit is %d", len(r.Output), MaxInputBytes)}})
 	}
 	if len(r.Output) > 0 {
@@ -619,14 +627,27 @@ func (c *Coordinator) CompleteTask(ctx context.Context, tenant uuid.UUID, r Repo
 			return Ack{}, errs.E(errs.Invalid, "output %s", msg)
 		}
 	}
+	if err := r.checkHolder(); err != nil {
+		return Ack{}, err
+	}
 	if r.Eager != nil && r.LeaseOwner == "" {
 		return Ack{}, errs.E(errs.Invalid, "an eager offer needs the lease owner")
 	}
-	if err := r.Eager.check(r.LeaseOwner); err != nil {
+	if r.Eager != nil && r.LeaseKey != "" {
+		// A tenant's worker runs task nodes only, whatever it offers.
+		o := *r.Eager
+		o.NodeTypes = slices.DeleteFunc(slices.Clone(o.NodeTypes), func(t string) bool { return t != tenantWorkerNodeType })
+		r.Eager = &o
+		if len(o.NodeTypes) == 0 {
+			r.Eager = nil
+		}
+	}
+	if err := r.Eager.check(Holder{Worker: r.LeaseOwner, Key: r.LeaseKey}); err != nil {
 		return Ack{}, err
 	}
 	ev := sm.NodeCompleted{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Output: r.Output}
-	ack, err := c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, eager: r.Eager},
+	ack, err := c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, key: r.LeaseKey,
+		eager: r.Eager},
 		func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
 	if err == nil && ack.Ignored && r.Eager != nil {
 		// A repeated report (its first answer was lost) gets the eager lease
@@ -652,7 +673,7 @@ func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report
 		l := Lease{RunID: r.RunID, Attempt: 1, Acquired: true}
 		var input, config []byte
 		err := tx.QueryRow(ctx, qExtendEagerLease,
-			tenant, r.RunID, r.TaskID, r.Attempt, r.LeaseOwner, r.Eager.TTL.Seconds()).Scan(&l.TaskID, &l.NodeID, &l.NodeType, &l.Queue,
+			tenant, r.RunID, r.TaskID, r.Attempt, r.LeaseOwner, r.Eager.TTL.Seconds(), r.LeaseKey).Scan(&l.TaskID, &l.NodeID, &l.NodeType, &l.Queue,
 			&input, &config, &l.MaxAttempts, &l.ExpiresAt, &l.WorkflowID, &l.WorkflowVersion, &l.TraceParent)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -675,12 +696,30 @@ func (c *Coordinator) eagerAgain(ctx context.Context, tenant uuid.UUID, r Report
 
 // FailTask applies a failed attempt.
 func (c *Coordinator) FailTask(ctx context.Context, tenant uuid.UUID, r Report) (Ack, error) {
+	if err := r.checkHolder(); err != nil {
+		return Ack{}, err
+	}
 	if r.Error.Code == "" {
 		r.Error.Code = "task_failed"
 	}
 	ev := sm.NodeFailed{NodeID: r.NodeID, TaskID: r.TaskID.String(), Attempt: r.Attempt, Error: r.Error, Retryable: r.Retryable, RetryAfter: r.RetryAfter}
-	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, pendingOnly: r.Unleased},
+	return c.apply(ctx, tenant, r.RunID, eventRef{node: r.NodeID, task: r.TaskID, attempt: r.Attempt, owner: r.LeaseOwner, key: r.LeaseKey,
+		pendingOnly: r.Unleased},
 		func(context.Context, *pg.Tx, *sm.Run) (sm.Event, error) { return ev, nil })
+}
+
+// checkHolder refuses a key without its worker (the key binds a lease
+// holder, it is not one) and an unleased report by a key.
+func (r Report) checkHolder() error {
+	switch {
+	case r.LeaseKey == "":
+		return nil
+	case r.LeaseOwner == "" || r.Unleased:
+		return errs.E(errs.Invalid, "a report with a lease key names the lease owner and its lease")
+	case len(r.LeaseKey) > maxKeyID:
+		return errs.E(errs.Invalid, "a lease key id is at most %d characters", maxKeyID)
+	}
+	return nil
 }
 
 // ExpiredLease names a running attempt whose lease the sweep found expired.
@@ -896,6 +935,9 @@ type eventRef struct {
 	task    uuid.UUID
 	attempt int
 	owner   string
+	// key is the API key owner reported with (a tenant's worker): its
+	// lease must have been taken with it, and be of a task node.
+	key string
 	// pendingOnly restricts the report to a task no worker has leased.
 	pendingOnly bool
 	// expiredOnly restricts the event to a running task whose lease has
@@ -906,6 +948,22 @@ type eventRef struct {
 	commitIgnored bool
 	// eager is the reporting worker's offer to run the next task.
 	eager *EagerOffer
+}
+
+// mayReport refuses a tenant worker's report (one with a key) on a node
+// tenant workers do not run — an http step, a wait, a map — before
+// anything is written. (The guards fence the same in SQL, on the task
+// row's type; a node the workflow lacks is left to the state machine,
+// which ignores it.)
+func (ref eventRef) mayReport(wf *dag.Workflow) error {
+	if ref.key == "" {
+		return nil
+	}
+	if n := wf.Node(ref.node); n != nil && n.Type != dag.TypeTask {
+		return errs.E(errs.Forbidden, "node %s is a %s step, which the platform runs; a tenant's worker reports only the task steps it leased",
+			ref.node, n.Type)
+	}
+	return nil
 }
 
 // apply is the one path every event of an existing run takes: lock the
@@ -948,6 +1006,9 @@ func (c *Coordinator) applyIn(ctx context.Context, tx *pg.Tx, runID uuid.UUID, r
 	}
 	def, err := c.defs.load(ctx, tx, row.workflowID, row.version)
 	if err != nil {
+		return Ack{}, err
+	}
+	if err := ref.mayReport(def.wf); err != nil {
 		return Ack{}, err
 	}
 	if def.wf.HasWaits() {

@@ -62,10 +62,10 @@ func TestEagerOfferLeasesTheNextTaskInTheReportsTransaction(t *testing.T) {
 	assert.NotNil(t, started)
 	assert.Zero(t, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1`, b.ID), "nothing to publish")
 
-	ls, _, err := f.c.AcquireLeases(context.Background(), f.tenant, "w2", 30*time.Second, []LeaseRequest{{RunID: run, TaskID: b.ID, Attempt: 1}})
+	ls, _, err := f.c.AcquireLeases(context.Background(), f.tenant, Holder{Worker: "w2"}, 30*time.Second, []LeaseRequest{{RunID: run, TaskID: b.ID, Attempt: 1}})
 	require.NoError(t, err)
 	assert.False(t, ls[0].Acquired, "another worker cannot take it")
-	rens, err := f.c.RenewLeases(context.Background(), f.tenant, "w1", 30*time.Second, []LeaseRequest{{RunID: run, TaskID: b.ID, Attempt: 1}})
+	rens, err := f.c.RenewLeases(context.Background(), f.tenant, Holder{Worker: "w1"}, 30*time.Second, []LeaseRequest{{RunID: run, TaskID: b.ID, Attempt: 1}})
 	require.NoError(t, err)
 	assert.True(t, rens[0].Held, "its owner renews it")
 
@@ -234,7 +234,7 @@ func TestEagerLeaseTakesOverTheEndedAttemptsPermit(t *testing.T) {
 	run, other := f.start(wf, `{}`), f.start(wf, `{}`)
 	a := f.lease(run, "a", "w1", 30*time.Second)
 	oa := f.mustTask(other, "a")
-	ls, q, err := f.c.AcquireLeases(context.Background(), f.tenant, "w2", 30*time.Second, []LeaseRequest{{RunID: other, TaskID: oa.ID, Attempt: 1}})
+	ls, q, err := f.c.AcquireLeases(context.Background(), f.tenant, Holder{Worker: "w2"}, 30*time.Second, []LeaseRequest{{RunID: other, TaskID: oa.ID, Attempt: 1}})
 	require.NoError(t, err)
 	require.False(t, ls[0].Acquired, "the quota of 1 is taken")
 	assert.True(t, q.Full())
@@ -246,7 +246,7 @@ func TestEagerLeaseTakesOverTheEndedAttemptsPermit(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{tenants.SlotMember(ack.Next.TaskID, 1, "w1")}, members, "one permit, now the eager lease's")
 
-	ls, _, err = f.c.AcquireLeases(context.Background(), f.tenant, "w2", 30*time.Second, []LeaseRequest{{RunID: other, TaskID: oa.ID, Attempt: 1}})
+	ls, _, err = f.c.AcquireLeases(context.Background(), f.tenant, Holder{Worker: "w2"}, 30*time.Second, []LeaseRequest{{RunID: other, TaskID: oa.ID, Attempt: 1}})
 	require.NoError(t, err)
 	assert.False(t, ls[0].Acquired, "still full while the eager lease runs")
 

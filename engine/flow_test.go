@@ -111,7 +111,7 @@ func TestAStepOverItsLimitWaitsOnTheSameAttempt(t *testing.T) {
 		}
 		return out
 	}
-	leases, _, err := f.c.AcquireLeases(ctx, f.tenant, "w1", 30*time.Second, reqs(append(runs, other)...))
+	leases, _, err := f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, 30*time.Second, reqs(append(runs, other)...))
 	require.NoError(t, err)
 	got := []bool{leases[0].Acquired, leases[1].Acquired, leases[2].Acquired, leases[3].Acquired}
 	assert.Equal(t, []bool{true, true, false, true}, got, "the burst, then the third waits; key b has its own bucket")
@@ -136,11 +136,11 @@ func TestAStepOverItsLimitWaitsOnTheSameAttempt(t *testing.T) {
 	assert.InDelta(t, 1000, d.WaitMS, 300, "the timeline says why it waits, and for how long")
 
 	// Early: still its reservation's, deferred again; on time: runs.
-	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, "w1", 30*time.Second, reqs(runs[2]))
+	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, 30*time.Second, reqs(runs[2]))
 	require.NoError(t, err)
 	assert.False(t, leases[0].Acquired)
 	time.Sleep(1100 * time.Millisecond)
-	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, "w1", 30*time.Second, reqs(runs[2]))
+	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, 30*time.Second, reqs(runs[2]))
 	require.NoError(t, err)
 	assert.True(t, leases[0].Acquired, "its reserved token")
 	assert.Equal(t, 3, leases[0].MaxAttempts, "the lease is the ordinary one")
@@ -176,7 +176,7 @@ func TestRateLimitIsExactAcrossCoordinators(t *testing.T) {
 			c := coords[i%len(coords)]
 			tk := f.mustTask(r, "call")
 			for time.Since(start) < 20*time.Second {
-				ls, _, err := c.AcquireLeases(ctx, f.tenant, "w", 30*time.Second, []LeaseRequest{{RunID: r, TaskID: tk.ID, Attempt: tk.Attempt}})
+				ls, _, err := c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w"}, 30*time.Second, []LeaseRequest{{RunID: r, TaskID: tk.ID, Attempt: tk.Attempt}})
 				if err != nil {
 					t.Error(err)
 					return

@@ -44,12 +44,31 @@ type Lease struct {
 	MaxAttempts     int
 }
 
+// Holder is who a lease is taken for. Worker is the id the worker names
+// itself by (the lease owner). Key, for a tenant's own worker, is the API
+// key it authenticated with — the caller sets it from the credential,
+// never from the request. A lease taken with a key is bound to it: it is
+// renewed, handed back, released and reported only by a holder with the
+// same key and worker id (a worker id alone is no capability), and only
+// for a task node, the one kind of node tenant workers run. A platform
+// worker has no key.
+type Holder struct {
+	Worker string
+	Key    string
+}
+
 // maxLeaseTTL bounds a lease: a worker that wants longer renews.
 const maxLeaseTTL = 10 * time.Minute
 
-func checkLease(owner string, ttl time.Duration, n int) error {
-	if owner == "" || len(owner) > 200 {
+// maxKeyID bounds Holder.Key (API key ids are 12 characters).
+const maxKeyID = 64
+
+func checkLease(h Holder, ttl time.Duration, n int) error {
+	if h.Worker == "" || len(h.Worker) > 200 {
 		return errs.E(errs.Invalid, "a lease owner (worker id) of 1-200 characters is required")
+	}
+	if len(h.Key) > maxKeyID {
+		return errs.E(errs.Invalid, "a lease holder's key id is at most %d characters", maxKeyID)
 	}
 	if ttl < time.Second || ttl > maxLeaseTTL {
 		return errs.E(errs.Invalid, "lease TTL must be between 1s and %s", maxLeaseTTL)
@@ -60,7 +79,7 @@ func checkLease(owner string, ttl time.Duration, n int) error {
 	return nil
 }
 
-// AcquireLeases leases pending tasks of running runs to owner, in one
+// AcquireLeases leases pending tasks of running runs to h, in one
 // round trip of conditional UPDATEs on the database clock: a task already
 // leased or finished, a stale attempt, or a run that is no longer running
 // is not acquired — the worker drops that message. A lease never goes
@@ -71,8 +90,9 @@ func checkLease(owner string, ttl time.Duration, n int) error {
 // back when the lease is not granted, so live leases never outnumber
 // permits. A request refused for quota is not acquired either, and the
 // returned Quota tells the worker the tenant is full.
-func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Lease, Quota, error) {
-	res, err := c.AcquireLeasesOf(ctx, owner, ttl, []TenantLeases{{Tenant: tenant, Requests: reqs}})
+// A holder with a key (a tenant's worker) is leased task nodes only.
+func (c *Coordinator) AcquireLeases(ctx context.Context, tenant uuid.UUID, h Holder, ttl time.Duration, reqs []LeaseRequest) ([]Lease, Quota, error) {
+	res, err := c.AcquireLeasesOf(ctx, h, ttl, []TenantLeases{{Tenant: tenant, Requests: reqs}})
 	if err != nil {
 		return nil, Quota{}, err
 	}
@@ -96,7 +116,7 @@ type TenantLeases struct {
 // statement as in a transaction of that tenant alone). One commit for the
 // whole fill instead of one per tenant; if it fails, every tenant's
 // permits go back and the worker puts the messages back.
-func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl time.Duration, groups []TenantLeases) ([]TenantLeases, error) {
+func (c *Coordinator) AcquireLeasesOf(ctx context.Context, h Holder, ttl time.Duration, groups []TenantLeases) ([]TenantLeases, error) {
 	total := 0
 	for _, g := range groups {
 		if g.Tenant == uuid.Nil {
@@ -104,7 +124,7 @@ func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl tim
 		}
 		total += len(g.Requests)
 	}
-	if err := checkLease(owner, ttl, total); err != nil {
+	if err := checkLease(h, ttl, total); err != nil {
 		return nil, err
 	}
 	type prep struct {
@@ -164,7 +184,7 @@ func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl tim
 			if limit > 0 {
 				p.members = make([]string, len(g.Requests))
 				for i, r := range g.Requests {
-					p.members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
+					p.members[i] = tenants.SlotMember(r.TaskID, r.Attempt, h.Worker)
 				}
 				if p.permits, g.Quota.Running, err = c.opts.Slots.Acquire(ctx, g.Tenant, limit, ttl, p.members); err != nil {
 					p.members = nil
@@ -183,7 +203,7 @@ func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl tim
 				continue
 			}
 			b.Queue(qAcquireLease,
-				g.Tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+				g.Tenant, r.RunID, r.TaskID, r.Attempt, h.Worker, ttl.Seconds(), h.Key).Query(func(rows pgx.Rows) error {
 				if first := p.idx[r.TaskID][0]; first != i {
 					var ignored Lease // a duplicate request in the batch gets no second lease
 					return scanLease(rows, r.TaskID, &ignored)
@@ -202,7 +222,7 @@ func (c *Coordinator) AcquireLeasesOf(ctx context.Context, owner string, ttl tim
 		}
 	}
 	if err == nil {
-		c.deferRateLimited(ctx, owner, groups)
+		c.deferRateLimited(ctx, h.Worker, groups)
 	}
 	for gi := range groups {
 		g, p := &groups[gi], &preps[gi]
@@ -272,13 +292,13 @@ func (c *Coordinator) RunningLimit(ctx context.Context, tenant uuid.UUID) (int, 
 	return c.limits.get(ctx, tenant)
 }
 
-// ReacquireLeases hands owner back leases it already holds — live, on the
+// ReacquireLeases hands h back leases it already holds — live, on the
 // named attempts — with their input and settings, extended by ttl: a poll
 // answer that never arrived is recovered by the repeated poll, so its tasks
 // run now instead of waiting out their leases. A lease that is gone (run
 // cancelled, expired and swept) is not acquired.
-func (c *Coordinator) ReacquireLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Lease, error) {
-	if err := checkLease(owner, ttl, len(reqs)); err != nil {
+func (c *Coordinator) ReacquireLeases(ctx context.Context, tenant uuid.UUID, h Holder, ttl time.Duration, reqs []LeaseRequest) ([]Lease, error) {
+	if err := checkLease(h, ttl, len(reqs)); err != nil {
 		return nil, err
 	}
 	out := make([]Lease, len(reqs))
@@ -286,7 +306,7 @@ func (c *Coordinator) ReacquireLeases(ctx context.Context, tenant uuid.UUID, own
 	for i, r := range reqs {
 		out[i] = Lease{TaskID: r.TaskID}
 		b.Queue(qReacquireLease,
-			tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+			tenant, r.RunID, r.TaskID, r.Attempt, h.Worker, ttl.Seconds(), h.Key).Query(func(rows pgx.Rows) error {
 			return scanLease(rows, r.TaskID, &out[i])
 		})
 	}
@@ -297,7 +317,7 @@ func (c *Coordinator) ReacquireLeases(ctx context.Context, tenant uuid.UUID, own
 		var held []string
 		for i, r := range reqs {
 			if out[i].Acquired {
-				held = append(held, tenants.SlotMember(r.TaskID, r.Attempt, owner))
+				held = append(held, tenants.SlotMember(r.TaskID, r.Attempt, h.Worker))
 			}
 		}
 		if err := c.opts.Slots.Renew(ctx, tenant, ttl, held); err != nil {
@@ -320,19 +340,19 @@ func scanLease(rows pgx.Rows, task uuid.UUID, l *Lease) error {
 	return err
 }
 
-// ReleaseLeases gives back leases owner was granted but never received (a
+// ReleaseLeases gives back leases h was granted but never received (a
 // poll whose caller went away before the answer was written): each task is
 // pending again on the same attempt, and its quota permit is returned. The
-// caller re-queues the tasks' messages. Fenced like a report: only owner's
-// live lease on that attempt is released.
-func (c *Coordinator) ReleaseLeases(ctx context.Context, tenant uuid.UUID, owner string, reqs []LeaseRequest) error {
+// caller re-queues the tasks' messages. Fenced like a report: only h's
+// live lease on that attempt (taken with its key) is released.
+func (c *Coordinator) ReleaseLeases(ctx context.Context, tenant uuid.UUID, h Holder, reqs []LeaseRequest) error {
 	if len(reqs) == 0 {
 		return nil
 	}
 	b := &pgx.Batch{}
 	for _, r := range reqs {
 		b.Queue(qReleaseLease,
-			tenant, r.RunID, r.TaskID, r.Attempt, owner)
+			tenant, r.RunID, r.TaskID, r.Attempt, h.Worker, h.Key)
 	}
 	if err := c.db.Pipeline(ctx, tenant, b); err != nil {
 		return fmt.Errorf("release leases: %w", err)
@@ -340,7 +360,7 @@ func (c *Coordinator) ReleaseLeases(ctx context.Context, tenant uuid.UUID, owner
 	if c.opts.Slots != nil {
 		members := make([]string, len(reqs))
 		for i, r := range reqs {
-			members[i] = tenants.SlotMember(r.TaskID, r.Attempt, owner)
+			members[i] = tenants.SlotMember(r.TaskID, r.Attempt, h.Worker)
 		}
 		if err := c.opts.Slots.Release(ctx, tenant, members); err != nil {
 			c.log.Warn("giving back quota permits failed; they lapse with the lease TTL", zap.Error(err))
@@ -349,17 +369,17 @@ func (c *Coordinator) ReleaseLeases(ctx context.Context, tenant uuid.UUID, owner
 	return nil
 }
 
-// ExpireLeasesOf ends, now, every live lease the named workers of the
-// tenant hold (their credential was revoked: nothing they report can be
+// ExpireKeyLeases ends, now, every live lease of the tenant taken with
+// the API key keyID (it was revoked: nothing its workers report can be
 // accepted any more), so the sweep gives their tasks to other workers at
 // its next pass instead of after the lease TTL.
-func (c *Coordinator) ExpireLeasesOf(ctx context.Context, tenant uuid.UUID, owners []string) (int64, error) {
-	if len(owners) == 0 {
+func (c *Coordinator) ExpireKeyLeases(ctx context.Context, tenant uuid.UUID, keyID string) (int64, error) {
+	if keyID == "" {
 		return 0, nil
 	}
 	var n int64
 	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		tag, err := tx.Exec(ctx, qExpireLeasesOf, tenant, owners)
+		tag, err := tx.Exec(ctx, qExpireKeyLeases, tenant, keyID)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -388,9 +408,10 @@ type Renewal struct {
 	ExpiresAt time.Time
 }
 
-// RenewLeases extends owner's leases, on the database clock.
-func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner string, ttl time.Duration, reqs []LeaseRequest) ([]Renewal, error) {
-	if err := checkLease(owner, ttl, len(reqs)); err != nil {
+// RenewLeases extends h's leases, on the database clock. A lease taken
+// with another key, or by another worker, is not held.
+func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, h Holder, ttl time.Duration, reqs []LeaseRequest) ([]Renewal, error) {
+	if err := checkLease(h, ttl, len(reqs)); err != nil {
 		return nil, err
 	}
 	out := make([]Renewal, len(reqs))
@@ -401,7 +422,7 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 	for i, r := range reqs {
 		// An expired lease is not renewed, even before the sweep has taken
 		// it: its quota permit has lapsed and may be another task's now.
-		b.Queue(qRenewLease, tenant, r.RunID, r.TaskID, r.Attempt, owner, ttl.Seconds()).Query(func(rows pgx.Rows) error {
+		b.Queue(qRenewLease, tenant, r.RunID, r.TaskID, r.Attempt, h.Worker, ttl.Seconds(), h.Key).Query(func(rows pgx.Rows) error {
 			var exp time.Time
 			_, err := pgx.ForEachRow(rows, []any{&exp}, func() error {
 				out[i] = Renewal{TaskID: r.TaskID, Held: true, ExpiresAt: exp}
@@ -417,7 +438,7 @@ func (c *Coordinator) RenewLeases(ctx context.Context, tenant uuid.UUID, owner s
 		var held []string
 		for i, r := range reqs {
 			if out[i].Held {
-				held = append(held, tenants.SlotMember(r.TaskID, r.Attempt, owner))
+				held = append(held, tenants.SlotMember(r.TaskID, r.Attempt, h.Worker))
 			}
 		}
 		// The permits follow the leases. A failure here is not the

@@ -130,7 +130,7 @@ func TestPausedQueueHoldsItsTasks(t *testing.T) {
 	other := f.workflow(`{"nodes":[{"id":"a","type":"noop","queue":"other"}]}`)
 	running := f.start(wf, `{}`)
 	ta := f.mustTask(running, "a")
-	leases, _, err := f.c.AcquireLeases(ctx, f.tenant, "w1", time.Minute, []LeaseRequest{{RunID: running, TaskID: ta.ID, Attempt: ta.Attempt}})
+	leases, _, err := f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, time.Minute, []LeaseRequest{{RunID: running, TaskID: ta.ID, Attempt: ta.Attempt}})
 	require.NoError(t, err)
 	require.True(t, leases[0].Acquired)
 
@@ -141,13 +141,13 @@ func TestPausedQueueHoldsItsTasks(t *testing.T) {
 
 	held := f.start(wf, `{}`)
 	th := f.mustTask(held, "a")
-	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, "w1", time.Minute, []LeaseRequest{{RunID: held, TaskID: th.ID, Attempt: th.Attempt}})
+	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, time.Minute, []LeaseRequest{{RunID: held, TaskID: th.ID, Attempt: th.Attempt}})
 	require.NoError(t, err)
 	require.False(t, leases[0].Acquired, "a paused queue's task is not leased")
 	// Another queue is served.
 	free := f.start(other, `{}`)
 	tf := f.mustTask(free, "a")
-	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, "w1", time.Minute, []LeaseRequest{{RunID: free, TaskID: tf.ID, Attempt: tf.Attempt}})
+	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, time.Minute, []LeaseRequest{{RunID: free, TaskID: tf.ID, Attempt: tf.Attempt}})
 	require.NoError(t, err)
 	require.True(t, leases[0].Acquired)
 
@@ -175,7 +175,7 @@ func TestPausedQueueHoldsItsTasks(t *testing.T) {
 	require.EqualValues(t, 1, n, "only the task without an outbox row is dispatched again")
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1`, th.ID))
 	require.Equal(t, 1, f.count(`SELECT count(*) FROM outbox WHERE task_id = $1`, tb.ID))
-	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, "w1", time.Minute, []LeaseRequest{{RunID: held, TaskID: th.ID, Attempt: th.Attempt}})
+	leases, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, time.Minute, []LeaseRequest{{RunID: held, TaskID: th.ID, Attempt: th.Attempt}})
 	require.NoError(t, err)
 	require.True(t, leases[0].Acquired)
 	n, err = f.c.ResumeQueue(ctx, f.tenant, "default")

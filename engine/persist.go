@@ -97,12 +97,13 @@ func (p *persister) task(node string) taskRef {
 
 func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, ref eventRef) error {
 	tenant := p.tx.Tenant
-	// The lease owner fences a worker's report for its own task.
-	ownerFor := func(taskID string) string {
+	// The lease owner (and a tenant worker's key) fences a worker's report
+	// for its own task.
+	ownerFor := func(taskID string) (string, string) {
 		if ref.owner != "" && ref.task.String() == taskID {
-			return ref.owner
+			return ref.owner, ref.key
 		}
-		return ""
+		return "", ""
 	}
 	// An unleased report may only touch its task while nobody runs it; an
 	// expired lease only while it is running with that lease expired.
@@ -178,7 +179,8 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				// Input and config as stored (jsonb), byte for byte what an
 				// acquired lease of the same task would carry.
 				p.b.Queue(qInsertLeasedTask,
-					tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, a.MaxAttempts, jsonOrNil(a.Input), config, ref.owner, ttl.Seconds()).
+					tenant, p.runID, id, a.NodeID, string(a.Type), a.Queue, a.MaxAttempts, jsonOrNil(a.Input), config, ref.owner, ttl.Seconds(),
+					ref.key).
 					QueryRow(func(r pgx.Row) error {
 						var in, cfg []byte
 						if err := r.Scan(&in, &cfg); err != nil {
@@ -217,20 +219,23 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 				tenant, p.runID, string(a.Kind), node, task, attempt, a.FireAt)
 		case sm.CompleteTask:
 			t := p.task(a.NodeID)
+			owner, key := ownerFor(a.TaskID)
 			p.guarded("completing "+a.NodeID, qCompleteTask,
-				tenant, p.runID, t.id, []byte(a.Output), a.Attempt, ownerFor(a.TaskID))
+				tenant, p.runID, t.id, []byte(a.Output), a.Attempt, owner, key)
 			p.releaseSlot(a.NodeID, t.id)
 			p.stopAwaiting(a.NodeID, t.id)
 		case sm.RetryTask:
 			t := p.task(a.NodeID)
+			owner, key := ownerFor(a.TaskID)
 			p.guarded("retrying "+a.NodeID, fmt.Sprintf(qRetryTask, states(a.TaskID)),
-				tenant, p.runID, t.id, errJSON(&a.Error), a.NotBefore, a.Attempt, ownerFor(a.TaskID))
+				tenant, p.runID, t.id, errJSON(&a.Error), a.NotBefore, a.Attempt, owner, key)
 			p.tasks[a.NodeID] = taskRef{id: t.id, attempt: a.Attempt + 1}
 			p.dispatch(a.NodeID, a.Attempt+1, a.NotBefore)
 		case sm.FailTask:
 			t := p.task(a.NodeID)
+			owner, key := ownerFor(a.TaskID)
 			p.guarded("failing "+a.NodeID, fmt.Sprintf(qFailTask, states(a.TaskID)),
-				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, ownerFor(a.TaskID))
+				tenant, p.runID, t.id, errJSON(&a.Error), a.Attempt, owner, key)
 			p.releaseSlot(a.NodeID, t.id)
 			p.stopAwaiting(a.NodeID, t.id)
 		case sm.CancelTask:
@@ -282,8 +287,12 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		d["children"] = p.children
 	}
 	if report != nil {
-		// Who ran the attempt, and since when: the audit trail of usage.
+		// Who ran the attempt, with which key, and since when: the audit
+		// trail of usage.
 		d["worker"], d["started_at"] = report.Worker, report.StartedAt
+		if report.Key != "" {
+			d["api_key_id"] = report.Key
+		}
 	}
 	detail, err := json.Marshal(d)
 	if err != nil {
@@ -341,7 +350,7 @@ func (p *persister) report(ev sm.Event, ref eventRef) *AttemptReport {
 	if !ok {
 		return nil // not running: the guards will ignore this report
 	}
-	return &AttemptReport{Task: ref.task, Node: ref.node, Attempt: ref.attempt, Worker: ref.owner, StartedAt: started}
+	return &AttemptReport{Task: ref.task, Node: ref.node, Attempt: ref.attempt, Worker: ref.owner, Key: ref.key, StartedAt: started}
 }
 
 // eagerCandidate picks the task, if any, to lease to the reporting worker

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
 )
@@ -461,7 +462,7 @@ const (
 			  FROM task_instances d, workflow_runs r
 			 WHERE d.tenant_id = $1 AND d.run_id = $2 AND d.id = $3 AND d.attempt = $4 AND d.state = 'completed'
 			   AND t.tenant_id = $1 AND t.run_id = $2 AND t.id <> d.id AND t.state = 'running' AND t.attempt = 1
-			   AND t.lease_owner = $5 AND t.started_at = d.finished_at AND t.lease_expires_at > now()
+			   AND t.lease_owner = $5 AND t.started_at = d.finished_at AND t.lease_expires_at > now() AND ` + keyFenceT7 + `
 			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
 			RETURNING t.id, t.node_id, t.node_type, coalesce(t.queue, ''), t.input, t.config, t.max_attempts, t.lease_expires_at,
 			          r.workflow_id, r.workflow_version, coalesce(r.traceparent, '')`
@@ -475,27 +476,36 @@ const (
 	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`
 	// leases
+	// A holder with a key ($7; '' for a platform worker) is a tenant's
+	// worker: its leases are of task nodes only, and record the key.
 	qAcquireLease = `UPDATE task_instances t
-			   SET state = 'running', lease_owner = $5, lease_expires_at = now() + make_interval(secs => $6),
+			   SET state = 'running', lease_owner = $5, lease_key_id = NULLIF($7, ''), lease_expires_at = now() + make_interval(secs => $6),
 			       started_at = now(), updated_at = now()
 			  FROM workflow_runs r
 			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'pending'
+			   AND ($7 = '' OR t.node_type = '` + tenantWorkerNodeType + `')
 			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
 			   AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.tenant_id = $1 AND p.queue = coalesce(t.queue, 'default'))
 			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`
-	qReacquireLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6), updated_at = now()
+	qReacquireLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6),
+			       lease_key_id = coalesce(t.lease_key_id, NULLIF($7, '')), updated_at = now()
 			  FROM workflow_runs r
 			 WHERE t.tenant_id = $1 AND t.run_id = $2 AND t.id = $3 AND t.attempt = $4 AND t.state = 'running'
-			   AND t.lease_owner = $5 AND t.lease_expires_at > now()
+			   AND t.lease_owner = $5 AND t.lease_expires_at > now() AND ` + keyFenceT7 + `
 			   AND r.tenant_id = $1 AND r.id = $2 AND r.status = 'running'
 			RETURNING t.lease_expires_at, t.node_id, t.node_type, t.input, t.config, t.max_attempts, r.workflow_id, r.workflow_version`
-	qReleaseLease = `UPDATE task_instances SET state = 'pending', lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, updated_at = now()
-			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5`
-	qExpireLeasesOf = `UPDATE task_instances SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
-			 WHERE tenant_id = $1 AND state = 'running' AND lease_owner = ANY($2) AND lease_expires_at > now()`
-	qRenewLease = `UPDATE task_instances SET lease_expires_at = now() + make_interval(secs => $6)
+	qReleaseLease = `UPDATE task_instances t SET state = 'pending', lease_owner = NULL, lease_key_id = NULL, lease_expires_at = NULL, started_at = NULL,
+			       updated_at = now()
 			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
-			   AND lease_expires_at > now()
+			   AND ` + keyFenceT6
+	qExpireKeyLeases = `UPDATE task_instances SET lease_expires_at = now() - interval '1 millisecond', updated_at = now()
+			 WHERE tenant_id = $1 AND state = 'running' AND lease_key_id = $2 AND lease_expires_at > now()`
+	// A renewal by a key records it on a lease taken without one (by the
+	// previous release): from then on the lease is bound to it.
+	qRenewLease = `UPDATE task_instances t SET lease_expires_at = now() + make_interval(secs => $6),
+			       lease_key_id = coalesce(t.lease_key_id, NULLIF($7, ''))
+			 WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $4 AND state = 'running' AND lease_owner = $5
+			   AND lease_expires_at > now() AND ` + keyFenceT7 + `
 			RETURNING lease_expires_at`
 	qRunningLimit = `SELECT coalesce(composer_tenant_limit($1, 'max_running_tasks'), 0)`
 	// metrics
@@ -510,28 +520,31 @@ const (
 	// persist
 	qGuard            = `WITH g AS (%s RETURNING 1) SELECT composer_guard(count(*), $%d) FROM g`
 	qInsertLeasedTask = `INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
-					input, config, dispatch_at, lease_owner, lease_expires_at, started_at)
-					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, now() + make_interval(secs => $11), now())
+					input, config, dispatch_at, lease_owner, lease_key_id, lease_expires_at, started_at)
+					VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), 'running', $7, $8, $9, now(), $10, NULLIF($12, ''),
+					        now() + make_interval(secs => $11), now())
 					RETURNING input, config`
 	qInsertTask = `INSERT INTO task_instances (tenant_id, run_id, id, node_id, node_type, queue, state, max_attempts,
 				input, config, output, last_error, skip_reason, dispatch_at, finished_at, concurrency_key, concurrency_limit)
 				VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), $7, $8, $9, $10, $11, $12, NULLIF($13, ''), $14, $15, NULLIF($16, ''), NULLIF($17, 0))`
-	qInsertTimer  = `INSERT INTO timers (tenant_id, run_id, kind, node_id, task_id, attempt, fire_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`
-	qCompleteTask = `UPDATE task_instances SET state = 'completed', output = $4, lease_owner = NULL,
+	qInsertTimer = `INSERT INTO timers (tenant_id, run_id, kind, node_id, task_id, attempt, fire_at) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+	// A worker's report is fenced on its lease: the owner and, for a
+	// tenant's worker, the key (see keyFence).
+	qCompleteTask = `UPDATE task_instances t SET state = 'completed', output = $4, lease_owner = NULL,
 				lease_expires_at = NULL, finished_at = now(), updated_at = now()
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN ` + activeStates + `
-				AND ($6 = '' OR lease_owner = $6)`
+				AND ($6 = '' OR lease_owner = $6) AND ` + keyFenceT7
 	// qRetryTask and qFailTask take the states the event may find its task
 	// in (%s: the active ones, or only pending for an unleased report, or
 	// only running with an expired lease for a lease expiry).
-	qRetryTask = `UPDATE task_instances SET state = 'pending', attempt = attempt + 1, last_error = $4,
+	qRetryTask = `UPDATE task_instances t SET state = 'pending', attempt = attempt + 1, last_error = $4,
 				lease_owner = NULL, lease_expires_at = NULL, started_at = NULL, dispatch_at = $5, updated_at = now()
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $6 AND state IN %s
-				AND ($7 = '' OR lease_owner = $7)`
-	qFailTask = `UPDATE task_instances SET state = 'failed', last_error = $4, lease_owner = NULL,
+				AND ($7 = '' OR lease_owner = $7) AND ` + keyFenceT8
+	qFailTask = `UPDATE task_instances t SET state = 'failed', last_error = $4, lease_owner = NULL,
 				lease_expires_at = NULL, finished_at = now(), updated_at = now()
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND attempt = $5 AND state IN %s
-				AND ($6 = '' OR lease_owner = $6)`
+				AND ($6 = '' OR lease_owner = $6) AND ` + keyFenceT7
 	qCancelTask = `UPDATE task_instances SET state = 'cancelled', lease_owner = NULL,
 				lease_expires_at = NULL, finished_at = now(), updated_at = now()
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND state IN ` + activeStates
@@ -644,3 +657,19 @@ const (
 )
 
 const activeStates = `('pending', 'running', 'waiting')`
+
+// tenantWorkerNodeType is the one node type tenant workers run (a map's
+// elements of a task step are task_instances of this type too).
+const tenantWorkerNodeType = string(dag.TypeTask)
+
+// keyFence is the condition of a statement acting for a lease holder with
+// an API key (a tenant's worker; the parameter is empty for a platform
+// worker) on task_instances t: the lease was taken with that key, and is of
+// a task node. A lease with no key recorded was taken by the previous
+// release (a rolling upgrade) and is fenced on its owner alone, as that
+// release did; every lease this release grants a key holder records it.
+const (
+	keyFenceT6 = `($6 = '' OR ((t.lease_key_id = $6 OR t.lease_key_id IS NULL) AND t.node_type = '` + tenantWorkerNodeType + `'))`
+	keyFenceT7 = `($7 = '' OR ((t.lease_key_id = $7 OR t.lease_key_id IS NULL) AND t.node_type = '` + tenantWorkerNodeType + `'))`
+	keyFenceT8 = `($8 = '' OR ((t.lease_key_id = $8 OR t.lease_key_id IS NULL) AND t.node_type = '` + tenantWorkerNodeType + `'))`
+)

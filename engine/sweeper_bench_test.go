@@ -45,7 +45,7 @@ func expiredLeases(tb testing.TB, f *fixture, n int) {
 		reqs = append(reqs, LeaseRequest{RunID: run, TaskID: task.ID, Attempt: 1})
 	}
 	for i := 0; i < len(reqs); i += 100 {
-		_, _, err := f.c.AcquireLeases(ctx, f.tenant, "bench-worker", time.Minute, reqs[i:min(i+100, len(reqs))])
+		_, _, err := f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "bench-worker"}, time.Minute, reqs[i:min(i+100, len(reqs))])
 		require.NoError(tb, err)
 	}
 	_, err := f.env.System.Exec(ctx, `UPDATE task_instances SET lease_expires_at = now() - interval '1 second' WHERE tenant_id = $1 AND state = 'running'`, f.tenant)

@@ -18,7 +18,7 @@ import (
 func (f *fixture) lease(run uuid.UUID, node, owner string, ttl time.Duration) taskRow {
 	f.t.Helper()
 	tk := f.mustTask(run, node)
-	ls, _, err := f.c.AcquireLeases(context.Background(), f.tenant, owner, ttl, []LeaseRequest{{RunID: run, TaskID: tk.ID, Attempt: tk.Attempt}})
+	ls, _, err := f.c.AcquireLeases(context.Background(), f.tenant, Holder{Worker: owner}, ttl, []LeaseRequest{{RunID: run, TaskID: tk.ID, Attempt: tk.Attempt}})
 	require.NoError(f.t, err)
 	require.True(f.t, ls[0].Acquired)
 	return tk
@@ -32,35 +32,35 @@ func TestLeasesAreExclusiveAndRenewable(t *testing.T) {
 	a := f.mustTask(run, "a")
 	req := []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 1}}
 
-	got, _, err := f.c.AcquireLeases(ctx, f.tenant, "w1", 5*time.Second, append(req, req[0]))
+	got, _, err := f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w1"}, 5*time.Second, append(req, req[0]))
 	require.NoError(t, err)
 	assert.True(t, got[0].Acquired)
 	assert.False(t, got[1].Acquired, "a duplicate in the same batch gets no second lease")
 	assert.JSONEq(t, `{"x": 1}`, string(got[0].Input), "the lease carries the task's input")
-	again, _, err := f.c.AcquireLeases(ctx, f.tenant, "w2", 5*time.Second, req)
+	again, _, err := f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w2"}, 5*time.Second, req)
 	require.NoError(t, err)
 	assert.False(t, again[0].Acquired, "a leased task cannot be leased again")
-	stale, _, err := f.c.AcquireLeases(ctx, f.tenant, "w2", 5*time.Second, []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 2}})
+	stale, _, err := f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w2"}, 5*time.Second, []LeaseRequest{{RunID: run, TaskID: a.ID, Attempt: 2}})
 	require.NoError(t, err)
 	assert.False(t, stale[0].Acquired)
 
-	ren, err := f.c.RenewLeases(ctx, f.tenant, "w1", 5*time.Second, req)
+	ren, err := f.c.RenewLeases(ctx, f.tenant, Holder{Worker: "w1"}, 5*time.Second, req)
 	require.NoError(t, err)
 	assert.True(t, ren[0].Held)
 	assert.True(t, ren[0].ExpiresAt.After(got[0].ExpiresAt.Add(-time.Second)))
-	ren, err = f.c.RenewLeases(ctx, f.tenant, "w2", 5*time.Second, req)
+	ren, err = f.c.RenewLeases(ctx, f.tenant, Holder{Worker: "w2"}, 5*time.Second, req)
 	require.NoError(t, err)
 	assert.False(t, ren[0].Held, "only the holder renews")
 
 	_, err = f.c.CancelRun(ctx, f.tenant, run, "")
 	require.NoError(t, err)
-	ren, err = f.c.RenewLeases(ctx, f.tenant, "w1", 5*time.Second, req)
+	ren, err = f.c.RenewLeases(ctx, f.tenant, Holder{Worker: "w1"}, 5*time.Second, req)
 	require.NoError(t, err)
 	assert.False(t, ren[0].Held, "a cancelled run's lease answers lost")
 
-	_, _, err = f.c.AcquireLeases(ctx, f.tenant, "", time.Second, req)
+	_, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: ""}, time.Second, req)
 	assert.Error(t, err)
-	_, _, err = f.c.AcquireLeases(ctx, f.tenant, "w", time.Hour, req)
+	_, _, err = f.c.AcquireLeases(ctx, f.tenant, Holder{Worker: "w"}, time.Hour, req)
 	assert.Error(t, err, "TTL is bounded")
 }
 

@@ -159,9 +159,10 @@ func ParseHandlerRoute(s string) (tenant uuid.UUID, queue, handler string, err e
 	return tenant, parts[1], parts[2], nil
 }
 
-// Workers is the hash of a tenant's connected workers (worker id -> what
-// it serves), WorkersLive the sorted set of their ids scored by when they
-// count as gone, WorkersBusy the hash of their tasks in flight.
+// Workers is the hash of a tenant's connected workers ("<key id>/<worker
+// id>" -> what it serves: a worker is the id it names under the API key it
+// authenticated with), WorkersLive the sorted set of them scored by when
+// they count as gone, WorkersBusy the hash of their tasks in flight.
 func (n Names) Workers(tenant uuid.UUID) string { return n.NS + ":{" + tenant.String() + "}:workers" }
 
 // WorkersLive: see Workers.
@@ -175,9 +176,10 @@ func (n Names) WorkersBusy(tenant uuid.UUID) string {
 }
 
 // PollAnswer keeps which leases one poll of a worker was answered with,
-// so a poll repeated because its answer was lost gets them back.
-func (n Names) PollAnswer(tenant uuid.UUID, worker, poll string) string {
-	return n.NS + ":{" + tenant.String() + "}:poll:" + worker + ":" + poll
+// so a poll repeated because its answer was lost gets them back. It is
+// named by the API key the poll came with, so only that key finds it.
+func (n Names) PollAnswer(tenant uuid.UUID, key, worker, poll string) string {
+	return n.NS + ":{" + tenant.String() + "}:poll:" + key + "/" + worker + ":" + poll
 }
 
 // Active is the sorted set of tenants with recent work on a queue: member

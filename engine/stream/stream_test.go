@@ -35,7 +35,7 @@ func TestStreamKeysCarryTheTenantHashTag(t *testing.T) {
 	// Every key of one tenant carries its hash tag: one cluster slot, so
 	// scripts may touch them together.
 	for _, k := range []string{n.HandlerStream(tenant, "default", "charge"), n.Queued(tenant), n.Running(tenant), n.StartBucket(tenant),
-		n.Workers(tenant), n.WorkersLive(tenant), n.WorkersBusy(tenant), n.PollAnswer(tenant, "w", "p"), QueuedOf(n.Stream(tenant, "default", 1)), tat, res} {
+		n.Workers(tenant), n.WorkersLive(tenant), n.WorkersBusy(tenant), n.PollAnswer(tenant, "k", "w", "p"), QueuedOf(n.Stream(tenant, "default", 1)), tat, res} {
 		assert.Contains(t, k, "composer:{"+tenant.String()+"}:", k)
 	}
 	id, shards, weight, err := ParseActiveMember(ActiveMember(tenant, 8, 4))

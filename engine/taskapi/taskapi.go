@@ -8,6 +8,13 @@
 // duplicate, so the worker stops retrying. A renewal answers Held=false
 // when the lease is gone (expired and taken over, task finished, run
 // cancelled): the worker must stop that execution.
+//
+// A tenant's own worker (an API key of the worker scope) holds its leases
+// under that key: the worker_id it sends names the worker within its key,
+// and a lease — like a poll's kept answer — is renewed, reported and
+// recovered only with the key it was taken with. Such a worker reports
+// only task nodes; a report on any other node of its tenant (an http
+// step, say) is FORBIDDEN.
 package taskapi
 
 import (

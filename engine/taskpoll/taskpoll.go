@@ -10,6 +10,11 @@
 // What keeps it safe and live:
 //   - a poll reads only the caller's tenant's keys, named from the
 //     authenticated credential, never from the request;
+//   - a worker is the id it names under the API key it authenticated
+//     with: its leases are taken with that key (engine.Holder) and its
+//     kept answers are filed under it, so another key of the tenant naming
+//     the same worker and poll ids finds, renews and reports nothing of
+//     them;
 //   - a message is settled (acknowledged and deleted) in the same poll
 //     that leased it: from then on the lease is the truth, and a worker
 //     that dies is recovered by the lease sweep like any other;
@@ -30,6 +35,7 @@
 package taskpoll
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -135,7 +141,8 @@ func (p *Poller) Run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// Caller is the authenticated worker: its tenant and the API key it used.
+// Caller is the authenticated worker: its tenant and the API key it used
+// (required: the worker's leases are bound to it).
 type Caller struct {
 	Tenant uuid.UUID
 	KeyID  string
@@ -225,6 +232,15 @@ func (p *Poller) check(c Caller, r taskapi.PollRequest) (*poll, error) {
 	return out, nil
 }
 
+// holder is who the poll's leases are for: the worker under the caller's key.
+func (c Caller) holder(worker string) engine.Holder {
+	return engine.Holder{Worker: worker, Key: c.KeyID}
+}
+
+// member is the worker's name in the tenant's registry: its id under the
+// caller's key, so one key's entry is not another's.
+func (c Caller) member(worker string) string { return c.KeyID + "/" + worker }
+
 func printable(s string, n int) bool {
 	if len(s) > n {
 		return false
@@ -247,6 +263,9 @@ func dedupe(xs []string) []string {
 // tenant's tasks, each with its queue and trace context, or none when the
 // wait ran out (or the caller went away).
 func (p *Poller) Poll(ctx context.Context, c Caller, r taskapi.PollRequest) ([]engine.Lease, error) {
+	if c.KeyID == "" {
+		return nil, errs.E(errs.Unauthenticated, "a tenant's worker polls with its API key")
+	}
 	q, err := p.check(c, r)
 	if err != nil {
 		return nil, err
@@ -479,7 +498,7 @@ func (p *Poller) read(ctx context.Context, c Caller, q *poll) (msgs []stream.Mes
 	keys = append(keys, q.keys[rot:]...)
 	keys = append(keys, q.keys[:rot]...)
 	keys = append(keys, q.prioKeys...)
-	res, err := pollScript.Run(ctx, p.rdb, keys, q.WorkerID, info, goneAfter(q).Milliseconds(), p.cfg.MaxWorkers, q.InFlight,
+	res, err := pollScript.Run(ctx, p.rdb, keys, c.member(q.WorkerID), info, goneAfter(q).Milliseconds(), p.cfg.MaxWorkers, q.InFlight,
 		q.Slots, limit, stream.Group, consumer, p.cfg.ReclaimIdle.Milliseconds(), stream.PriorityAging.Milliseconds()).Slice()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -543,7 +562,7 @@ func (p *Poller) lease(ctx context.Context, c Caller, q *poll, msgs []stream.Mes
 	var quota engine.Quota
 	retryUntil := time.Now().Add(p.cfg.LeaseRetry)
 	for backoff := 50 * time.Millisecond; ; backoff = min(backoff*2, 500*time.Millisecond) {
-		leases, quota, err = p.coord.AcquireLeases(bg, c.Tenant, q.WorkerID, q.ttl, reqs)
+		leases, quota, err = p.coord.AcquireLeases(bg, c.Tenant, c.holder(q.WorkerID), q.ttl, reqs)
 		if err == nil || errs.KindOf(err) == errs.Invalid || time.Now().Add(backoff).After(retryUntil) {
 			break
 		}
@@ -574,7 +593,7 @@ func (p *Poller) lease(ctx context.Context, c Caller, q *poll, msgs []stream.Mes
 	}
 	if len(out) > 0 && ctx.Err() != nil {
 		// The caller is gone: nobody will run these.
-		if err := p.coord.ReleaseLeases(bg, c.Tenant, q.WorkerID, refs); err != nil {
+		if err := p.coord.ReleaseLeases(bg, c.Tenant, c.holder(q.WorkerID), refs); err != nil {
 			p.log.Warn("releasing the leases of an abandoned poll failed; they are recovered when they expire",
 				zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
 		} else {
@@ -633,7 +652,7 @@ func (p *Poller) settle(ctx context.Context, c Caller, q *poll, done, back []str
 			kept[i] = answer{Run: l.RunID, Task: l.TaskID, Attempt: l.Attempt, Queue: l.Queue, TraceParent: l.TraceParent}
 		}
 		b, _ := json.Marshal(kept)
-		pipe.Set(ctx, p.names.PollAnswer(c.Tenant, q.WorkerID, q.PollID), b, q.ttl)
+		pipe.Set(ctx, p.names.PollAnswer(c.Tenant, c.KeyID, q.WorkerID, q.PollID), b, q.ttl)
 	}
 	if pipe.Len() == 0 {
 		return
@@ -644,9 +663,10 @@ func (p *Poller) settle(ctx context.Context, c Caller, q *poll, done, back []str
 }
 
 // answerAgain hands back the leases the poll's earlier answer carried,
-// when they are still the worker's.
+// when they are still the worker's under the same key (the answer is
+// filed under the key, and the leases are fenced on it).
 func (p *Poller) answerAgain(ctx context.Context, c Caller, q *poll) ([]engine.Lease, error) {
-	b, err := p.rdb.Get(ctx, p.names.PollAnswer(c.Tenant, q.WorkerID, q.PollID)).Bytes()
+	b, err := p.rdb.Get(ctx, p.names.PollAnswer(c.Tenant, c.KeyID, q.WorkerID, q.PollID)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
@@ -661,7 +681,7 @@ func (p *Poller) answerAgain(ctx context.Context, c Caller, q *poll) ([]engine.L
 	for i, a := range kept {
 		reqs[i] = engine.LeaseRequest{RunID: a.Run, TaskID: a.Task, Attempt: a.Attempt}
 	}
-	leases, err := p.coord.ReacquireLeases(ctx, c.Tenant, q.WorkerID, q.ttl, reqs)
+	leases, err := p.coord.ReacquireLeases(ctx, c.Tenant, c.holder(q.WorkerID), q.ttl, reqs)
 	if err != nil {
 		return nil, err
 	}
@@ -693,13 +713,14 @@ return 1
 func (p *Poller) Renewed(ctx context.Context, c Caller, worker string, ttl time.Duration, inFlight int) {
 	gone := 2*ttl/3 + 5*time.Second + 2*p.cfg.MaxWait
 	err := renewScript.Run(ctx, p.rdb, []string{p.names.WorkersLive(c.Tenant), p.names.WorkersBusy(c.Tenant)},
-		worker, gone.Milliseconds(), inFlight).Err()
+		c.member(worker), gone.Milliseconds(), inFlight).Err()
 	if err != nil && ctx.Err() == nil {
 		p.log.Warn("refreshing a worker's registry entry failed", zap.Stringer("tenant_id", c.Tenant), zap.Error(err))
 	}
 }
 
-// Worker is a connected tenant worker, as the tenant's API shows it.
+// Worker is a connected tenant worker, as the tenant's API shows it. Two
+// workers of the same id under different keys are two workers.
 type Worker struct {
 	ID          string
 	Label       string
@@ -711,6 +732,8 @@ type Worker struct {
 	KeyID       string
 	ConnectedAt time.Time
 	LastSeenAt  time.Time
+
+	member string // its registry entry
 }
 
 // Workers lists the tenant's connected workers, by id.
@@ -724,28 +747,37 @@ func (p *Poller) Workers(ctx context.Context, tenant uuid.UUID) ([]Worker, error
 	}
 	var out []Worker
 	for _, z := range live.Val() {
-		id, _ := z.Member.(string)
+		m, _ := z.Member.(string)
 		var e entry
-		if err := json.Unmarshal([]byte(info.Val()[id]), &e); err != nil {
+		if err := json.Unmarshal([]byte(info.Val()[m]), &e); err != nil {
 			continue
 		}
+		// "<key id>/<worker id>"; an entry of the previous release is the
+		// bare worker id.
+		id := m
+		if key, worker, ok := strings.Cut(m, "/"); ok && key == e.KeyID {
+			id = worker
+		}
 		w := Worker{ID: id, Label: e.Label, Version: e.Version, Queues: e.Queues, Handlers: e.Handlers, Capacity: e.Capacity,
-			KeyID: e.KeyID, ConnectedAt: time.UnixMilli(e.ConnectedAt)}
+			KeyID: e.KeyID, ConnectedAt: time.UnixMilli(e.ConnectedAt), member: m}
 		var seen int64
-		if _, err := fmt.Sscanf(busy.Val()[id], "%d %d", &w.InFlight, &seen); err == nil {
+		if _, err := fmt.Sscanf(busy.Val()[m], "%d %d", &w.InFlight, &seen); err == nil {
 			w.LastSeenAt = time.UnixMilli(seen)
 		}
 		out = append(out, w)
 	}
-	slices.SortFunc(out, func(a, b Worker) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b Worker) int { return cmp.Or(strings.Compare(a.ID, b.ID), strings.Compare(a.KeyID, b.KeyID)) })
 	return out, nil
 }
 
-// KeyRevoked ends the leases of the tenant's workers that use the revoked
-// key at once — none of their reports can be accepted any more — so the
-// sweep gives those tasks to other workers now rather than when the leases
-// expire, and drops them from the list of workers.
+// KeyRevoked ends the live leases taken with the revoked key at once —
+// none of its workers' reports can be accepted any more — so the sweep
+// gives those tasks to other workers now rather than when the leases
+// expire, and drops the key's workers from the list of workers.
 func (p *Poller) KeyRevoked(ctx context.Context, tenant uuid.UUID, keyID string) error {
+	if _, err := p.coord.ExpireKeyLeases(ctx, tenant, keyID); err != nil {
+		return err
+	}
 	all, err := p.Workers(ctx, tenant)
 	if err != nil {
 		return err
@@ -753,14 +785,11 @@ func (p *Poller) KeyRevoked(ctx context.Context, tenant uuid.UUID, keyID string)
 	var ids []string
 	for _, w := range all {
 		if w.KeyID == keyID {
-			ids = append(ids, w.ID)
+			ids = append(ids, w.member)
 		}
 	}
 	if len(ids) == 0 {
 		return nil
-	}
-	if _, err := p.coord.ExpireLeasesOf(ctx, tenant, ids); err != nil {
-		return err
 	}
 	members := make([]any, len(ids))
 	for i, id := range ids {

@@ -107,7 +107,7 @@ func TestPollNeverCrossesTenants(t *testing.T) {
 	for _, l := range leases {
 		assert.True(t, mine[l.RunID], "lease of run %s is this tenant's", l.RunID)
 	}
-	theirs, err := sys.Server.Poller.Poll(ctx, taskpoll.Caller{Tenant: other.ID}, request("w1", 10, "work"))
+	theirs, err := sys.Server.Poller.Poll(ctx, taskpoll.Caller{Tenant: other.ID, KeyID: "their-key"}, request("w1", 10, "work"))
 	require.NoError(t, err)
 	require.Len(t, theirs, 3)
 	for _, l := range theirs {
@@ -174,6 +174,22 @@ func TestHeldPollEndsWhenItsCallerLeaves(t *testing.T) {
 	}
 }
 
+// pollTwo queues two tasks and answers worker w1's poll for them; it
+// returns the leases and the poll.
+func pollTwo(t *testing.T, sys *apptest.System) ([]engine.Lease, taskapi.PollRequest) {
+	t.Helper()
+	wf := sys.Workflow(taskDef("work"))
+	for range 2 {
+		sys.StartRun(wf, `{}`)
+	}
+	published(t, sys)
+	req := request("w1", 5, "work")
+	first, err := sys.Server.Poller.Poll(context.Background(), caller(sys), req)
+	require.NoError(t, err)
+	require.Len(t, first, 2)
+	return first, req
+}
+
 // TestRepeatedPollGetsTheLostAnswerBack: a poll's answer is lost; the
 // worker repeats it with the same poll id and gets the same leases back,
 // still live, instead of waiting out their TTL.
@@ -181,15 +197,7 @@ func TestRepeatedPollGetsTheLostAnswerBack(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	wf := sys.Workflow(taskDef("work"))
-	for range 2 {
-		sys.StartRun(wf, `{}`)
-	}
-	published(t, sys)
-	req := request("w1", 5, "work")
-	first, err := sys.Server.Poller.Poll(ctx, caller(sys), req)
-	require.NoError(t, err)
-	require.Len(t, first, 2)
+	first, req := pollTwo(t, sys)
 	req.Retry = true
 	again, err := sys.Server.Poller.Poll(ctx, caller(sys), req)
 	require.NoError(t, err)
@@ -204,6 +212,44 @@ func TestRepeatedPollGetsTheLostAnswerBack(t *testing.T) {
 	other, err := sys.Server.Poller.Poll(ctx, caller(sys), req)
 	require.NoError(t, err)
 	assert.Empty(t, other)
+}
+
+// TestAnotherKeyGetsNothingOfAKeptAnswer: a second worker key of the
+// tenant repeats a poll with the first key's worker and poll ids. It is
+// answered with nothing of the first answer — its leases stay the first
+// key's (a renewal by the second key holds none of them) — and it does
+// not disturb it: the first key's repeat still gets its leases back.
+func TestAnotherKeyGetsNothingOfAKeptAnswer(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	ctx := context.Background()
+	first, req := pollTwo(t, sys)
+	req.Retry = true
+	thief := taskpoll.Caller{Tenant: sys.Tenant, KeyID: "other-key"}
+	got, err := sys.Server.Poller.Poll(ctx, thief, req)
+	require.NoError(t, err)
+	assert.Empty(t, got, "another key is answered with none of the kept leases")
+	reqs := make([]engine.LeaseRequest, len(first))
+	for i, l := range first {
+		reqs[i] = engine.LeaseRequest{RunID: l.RunID, TaskID: l.TaskID, Attempt: l.Attempt}
+	}
+	ren, err := sys.Coordinator().RenewLeases(ctx, sys.Tenant, engine.Holder{Worker: "w1", Key: "other-key"}, 5*time.Second, reqs)
+	require.NoError(t, err)
+	for _, r := range ren {
+		assert.False(t, r.Held, "nor holds any of them")
+	}
+	again, err := sys.Server.Poller.Poll(ctx, caller(sys), req)
+	require.NoError(t, err)
+	require.Len(t, again, 2, "the first key's repeat is undisturbed")
+	for i := range first {
+		assert.Equal(t, first[i].TaskID, again[i].TaskID)
+	}
+	ws, err := sys.Server.Poller.Workers(ctx, sys.Tenant)
+	require.NoError(t, err)
+	require.Len(t, ws, 2, "w1 under each key is its own entry")
+	assert.Equal(t, []string{"other-key", "test-key"}, []string{ws[0].KeyID, ws[1].KeyID})
+	assert.Equal(t, "w1", ws[0].ID)
+	assert.Equal(t, "w1", ws[1].ID)
 }
 
 // TestUnsettledMessagesAreTakenOver: a server that read messages and died
@@ -287,6 +333,8 @@ func TestPollsAreValidated(t *testing.T) {
 		_, err := sys.Server.Poller.Poll(context.Background(), caller(sys), req)
 		assert.Equal(t, errs.Invalid, errs.KindOf(err), "%s: %v", name, err)
 	}
+	_, err := sys.Server.Poller.Poll(context.Background(), taskpoll.Caller{Tenant: sys.Tenant}, request("w1", 1, "work"))
+	assert.Equal(t, errs.Unauthenticated, errs.KindOf(err), "a poll without its key: %v", err)
 	ws, err := sys.Server.Poller.Workers(context.Background(), sys.Tenant)
 	require.NoError(t, err)
 	assert.Empty(t, ws, "a refused poll registers nothing")
@@ -328,16 +376,24 @@ func TestWorkersAreListedAndBounded(t *testing.T) {
 }
 
 // TestRevokedKeyEndsItsWorkersLeases: revoking a key ends the live leases
-// of the workers that used it, so the sweep gives their tasks to others.
+// taken with it, so the sweep gives their tasks to others; the leases and
+// entry of another key's worker of the same id stay.
 func TestRevokedKeyEndsItsWorkersLeases(t *testing.T) {
 	t.Parallel()
 	sys := apptest.Start(t)
 	ctx := context.Background()
-	run := sys.StartRun(sys.Workflow(taskDef("work")), `{}`)
+	wf := sys.Workflow(taskDef("work"))
+	run := sys.StartRun(wf, `{}`)
 	published(t, sys)
 	leases, err := sys.Server.Poller.Poll(ctx, caller(sys), request("w1", 1, "work"))
 	require.NoError(t, err)
 	require.Len(t, leases, 1)
+	sys.StartRun(wf, `{}`)
+	published(t, sys)
+	other := taskpoll.Caller{Tenant: sys.Tenant, KeyID: "other-key"}
+	theirs, err := sys.Server.Poller.Poll(ctx, other, request("w1", 1, "work"))
+	require.NoError(t, err)
+	require.Len(t, theirs, 1)
 	require.NoError(t, sys.Server.Poller.KeyRevoked(ctx, sys.Tenant, "test-key"))
 	apptest.Eventually(t, "the sweep to give the task a new attempt", 10*time.Second, func() bool {
 		_, tasks := sys.Run(run)
@@ -345,7 +401,12 @@ func TestRevokedKeyEndsItsWorkersLeases(t *testing.T) {
 	})
 	ws, err := sys.Server.Poller.Workers(ctx, sys.Tenant)
 	require.NoError(t, err)
-	assert.Empty(t, ws)
+	require.Len(t, ws, 1)
+	assert.Equal(t, "other-key", ws[0].KeyID, "the other key's worker stays listed")
+	ren, err := sys.Coordinator().RenewLeases(ctx, sys.Tenant, engine.Holder{Worker: "w1", Key: "other-key"}, 5*time.Second,
+		[]engine.LeaseRequest{{RunID: theirs[0].RunID, TaskID: theirs[0].TaskID, Attempt: 1}})
+	require.NoError(t, err)
+	assert.True(t, ren[0].Held, "and keeps its lease")
 }
 
 // TestConcurrentPollsLeaseEachTaskOnce: many workers poll at once for the

@@ -23,7 +23,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
-	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/engine/taskapi"
 	"github.com/composer-dev/composer/engine/taskpoll"
@@ -33,12 +32,13 @@ import (
 
 // Caller is an authenticated worker. A platform worker serves every tenant;
 // a tenant's own worker (authenticated with a worker-scoped API key) only
-// its tenant.
+// its tenant, and holds its leases under its key.
 type Caller struct {
 	Platform bool
 	Tenant   uuid.UUID
 	Name     string
-	// KeyID is the API key a tenant's worker authenticated with.
+	// KeyID is the API key a tenant's worker authenticated with: the
+	// leases it takes are bound to it (engine.Holder).
 	KeyID string
 	// recheck authenticates the request again (a held poll's credential
 	// may have been revoked meanwhile).
@@ -209,6 +209,19 @@ func byTenant(c Caller, refs []taskapi.Ref) (map[uuid.UUID][]int, error) {
 
 func ttl(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
+// holder is who the caller's leases are for: the worker id it names and,
+// for a tenant's worker, the key it authenticated with — so the worker id
+// alone, which any key of the tenant can name, reaches nothing.
+func holder(c Caller, worker string) (engine.Holder, error) {
+	if c.Platform {
+		return engine.Holder{Worker: worker}, nil
+	}
+	if c.KeyID == "" {
+		return engine.Holder{}, errs.E(errs.Unauthenticated, "a tenant's worker authenticates with its API key")
+	}
+	return engine.Holder{Worker: worker, Key: c.KeyID}, nil
+}
+
 // readSecrets answers a platform worker executing an http task with the
 // values of the secrets its request names. Tenant workers never run http
 // tasks, so they are refused; the answer is neither stored nor logged.
@@ -273,7 +286,7 @@ func (s *Server) acquire(ctx context.Context, c Caller, in taskapi.AcquireReques
 		batch = append(batch, engine.TenantLeases{Tenant: tenant, Requests: reqs})
 		order = append(order, idx)
 	}
-	res, err := s.c.AcquireLeasesOf(ctx, in.WorkerID, ttl(in.TTLMillis), batch)
+	res, err := s.c.AcquireLeasesOf(ctx, engine.Holder{Worker: in.WorkerID}, ttl(in.TTLMillis), batch)
 	if err != nil {
 		return taskapi.AcquireResponse{}, err
 	}
@@ -291,6 +304,10 @@ func (s *Server) renew(ctx context.Context, c Caller, in taskapi.RenewRequest) (
 	if err != nil {
 		return taskapi.RenewResponse{}, err
 	}
+	h, err := holder(c, in.WorkerID)
+	if err != nil {
+		return taskapi.RenewResponse{}, err
+	}
 	out := taskapi.RenewResponse{Leases: make([]taskapi.Renewal, len(in.Leases))}
 	for tenant, idx := range groups {
 		reqs := make([]engine.LeaseRequest, len(idx))
@@ -298,7 +315,7 @@ func (s *Server) renew(ctx context.Context, c Caller, in taskapi.RenewRequest) (
 			r := in.Leases[i]
 			reqs[j] = engine.LeaseRequest{RunID: r.Run, TaskID: r.Task, Attempt: r.Attempt}
 		}
-		rens, err := s.c.RenewLeases(ctx, tenant, in.WorkerID, ttl(in.TTLMillis), reqs)
+		rens, err := s.c.RenewLeases(ctx, tenant, h, ttl(in.TTLMillis), reqs)
 		if err != nil {
 			return taskapi.RenewResponse{}, err
 		}
@@ -335,14 +352,16 @@ func (s *Server) complete(ctx context.Context, c Caller, in taskapi.CompleteRequ
 	if in.WorkerID == "" {
 		return taskapi.ReportResponse{}, errs.E(errs.Invalid, "worker_id is required")
 	}
-	r := engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt, LeaseOwner: in.WorkerID, Output: in.Output}
+	h, err := holder(c, in.WorkerID)
+	if err != nil {
+		return taskapi.ReportResponse{}, err
+	}
+	// A tenant's worker's report applies only to a lease its key took, of
+	// a task node (its eager offer, too, covers task nodes only).
+	r := engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt, LeaseOwner: h.Worker, LeaseKey: h.Key,
+		Output: in.Output}
 	if o := in.Eager; o != nil {
 		r.Eager = &engine.EagerOffer{Queue: o.Queue, NodeTypes: o.NodeTypes, Handlers: o.Handlers, TTL: ttl(o.TTLMillis)}
-		if !c.Platform {
-			// A tenant's worker runs its task nodes only; the rest are the
-			// platform's.
-			r.Eager.NodeTypes = []string{string(dag.TypeTask)}
-		}
 	}
 	ack, err := s.c.CompleteTask(ctx, in.Tenant, r)
 	if errors.Is(err, errs.NotFound) {
@@ -362,17 +381,20 @@ func (s *Server) fail(ctx context.Context, c Caller, in taskapi.FailRequest) (ta
 	if in.WorkerID == "" {
 		return taskapi.ReportResponse{}, errs.E(errs.Invalid, "worker_id is required")
 	}
-	owner := in.WorkerID
 	if in.Unleased && !c.Platform {
 		// Only the platform's stream readers see a message delivered too
 		// often; a tenant's worker reports what it leased.
 		return taskapi.ReportResponse{}, errs.E(errs.Forbidden, "unleased reports are for platform workers")
 	}
+	h, err := holder(c, in.WorkerID)
+	if err != nil {
+		return taskapi.ReportResponse{}, err
+	}
 	if in.Unleased {
-		owner = ""
+		h = engine.Holder{}
 	}
 	ack, err := s.c.FailTask(ctx, in.Tenant, engine.Report{RunID: in.Run, TaskID: in.Task, NodeID: in.NodeID, Attempt: in.Attempt,
-		LeaseOwner: owner, Unleased: in.Unleased, Retryable: in.Retryable, RetryAfter: time.Duration(in.RetryAfterMillis) * time.Millisecond,
+		LeaseOwner: h.Worker, LeaseKey: h.Key, Unleased: in.Unleased, Retryable: in.Retryable, RetryAfter: time.Duration(in.RetryAfterMillis) * time.Millisecond,
 		Error: sm.Error{Code: in.Error.Code, Message: in.Error.Message, Details: in.Error.Details}})
 	if errors.Is(err, errs.NotFound) {
 		return taskapi.ReportResponse{Acknowledged: true, Ignored: true, Reason: "run not found"}, nil

@@ -480,7 +480,7 @@ func runCeiling(ctx context.Context, o Options, rep *Report, name string, eager 
 				case <-time.After(30 * time.Second):
 					return fmt.Errorf("run %s: no dispatch of step %d", id, i)
 				}
-				ls, _, err := c.AcquireLeases(ctx, e.tenant, "ceiling", 30*time.Second, []engine.LeaseRequest{{RunID: id, TaskID: d.task, Attempt: d.attempt}})
+				ls, _, err := c.AcquireLeases(ctx, e.tenant, engine.Holder{Worker: "ceiling"}, 30*time.Second, []engine.LeaseRequest{{RunID: id, TaskID: d.task, Attempt: d.attempt}})
 				if err != nil || !ls[0].Acquired {
 					return fmt.Errorf("lease: %v", err)
 				}
