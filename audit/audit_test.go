@@ -172,7 +172,7 @@ func TestAConsistentRewriteWithoutTheKeyIsDetected(t *testing.T) {
 		}, 3, "does not have"},
 		{"a record's key id cleared alone", func(tn uuid.UUID) {
 			w.asOwner(tn, `UPDATE audit_log SET key_id = '' WHERE seq = 4`)
-		}, 4, "not keyed"},
+		}, 4, "modified"},
 	}
 	for _, c := range cases {
 		tn := w.tenant()
@@ -313,6 +313,58 @@ func TestAChainFromBeforeTheUpgradeVerifiesAsLegacy(t *testing.T) {
 	assert.Equal(t, 3, v.Legacy)
 }
 
+// legacyPrune is migration 00023's retention statement, as the binaries
+// before the keyed chain ran it.
+const legacyPrune = `WITH cut AS (
+	SELECT h.tenant_id, (SELECT max(a.seq) FROM audit_log a
+		WHERE a.tenant_id = h.tenant_id AND a.seq <= h.pruned_seq + $1
+		  AND a.at < now() - make_interval(days => composer_tenant_limit(h.tenant_id, 'audit_retention_days')::int)) AS seq
+	FROM audit_heads h
+	WHERE composer_tenant_limit(h.tenant_id, 'audit_retention_days') > 0
+), del AS (
+	DELETE FROM audit_log a USING cut
+	WHERE a.tenant_id = cut.tenant_id AND cut.seq IS NOT NULL AND a.seq <= cut.seq
+	RETURNING a.tenant_id
+)
+UPDATE audit_heads h SET pruned_seq = cut.seq
+FROM cut WHERE h.tenant_id = cut.tenant_id AND cut.seq IS NOT NULL AND cut.seq > h.pruned_seq`
+
+// TestAnOlderBinaryDuringARollingUpgrade: while old pods still serve (or
+// after a rollback) they append unkeyed records between keyed ones — the
+// chain is not valid while one ends it and valid again once a keyed
+// record follows — and their retention cannot cut a chain without a mark:
+// its statement fails and deletes nothing.
+func TestAnOlderBinaryDuringARollingUpgrade(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	ctx := context.Background()
+	tn := w.tenant()
+	w.appendN(tn, w.keys, 2)
+	tx, err := w.env.Owner(t).Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tn.String())
+	require.NoError(t, err)
+	r := audit.Record{PrincipalKind: "user", PrincipalID: "old@x", Action: "pauseQueue", TargetType: "queue", TargetID: "old",
+		Outcome: audit.OK, Detail: audit.Detail(nil)}
+	_, err = tx.Exec(ctx, legacyAppend, tn, r.PrincipalKind, r.PrincipalID, r.Action, r.TargetType, r.TargetID, r.Outcome,
+		string(r.Detail), audit.Body(r))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	v := w.verify(tn, w.keys, nil)
+	assert.False(t, v.Valid)
+	assert.Equal(t, int64(3), v.BrokenAt, v.Problem)
+	assert.Contains(t, v.Problem, "no keyed record follows")
+	w.appendN(tn, w.keys, 1)
+	v = w.verify(tn, w.keys, nil)
+	assert.True(t, v.Valid, v.Problem)
+	assert.Equal(t, 1, v.Legacy)
+
+	w.asOwner(tn, `UPDATE audit_log SET at = at - interval '400 days' WHERE seq <= 2`)
+	_, err = w.env.System.Exec(ctx, legacyPrune, 10000)
+	require.ErrorContains(t, err, "audit_heads_cut_marked")
+	assert.Len(t, w.records(tn), 4, "the old statement deleted nothing")
+}
+
 // TestKeysRotate: records keep the id of the key that signed them; after
 // a new key is listed first, new records are signed under it, and the
 // chain verifies while the old key is still listed — not once it is
@@ -444,7 +496,7 @@ func TestRetentionMarksItsCut(t *testing.T) {
 	assert.True(t, v.Valid)
 	assert.True(t, v.AnchorPruned)
 
-	w.asOwner(tn, `DELETE FROM audit_log WHERE seq = 6`, `UPDATE audit_heads SET pruned_seq = 6`)
+	w.asOwner(tn, `DELETE FROM audit_log WHERE seq = 6`, `UPDATE audit_heads SET pruned_seq = 6, pruned_mark_seq = 6`)
 	v = w.verify(tn, w.keys, nil)
 	assert.False(t, v.Valid)
 	assert.Equal(t, int64(7), v.BrokenAt)

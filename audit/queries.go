@@ -68,7 +68,8 @@ VALUES ((SELECT tenant_id FROM head), $2, $5, $8, $9, $10, $11, $12, $13, $14, $
 	// kept records are always a contiguous tail of its chain — and moves
 	// the head's pruned_seq there. At most $1 records per tenant a call.
 	// It returns each cut (tenant, seq, the hash of the record at it) for
-	// its retention mark (qPrunedMark, in the same transaction).
+	// its retention mark (qPrunedMark, in the same transaction); moving
+	// pruned_mark_seq with pruned_seq is what the heads' CHECK demands.
 	qPrune = `WITH cut AS (
 	SELECT h.tenant_id, (SELECT max(a.seq) FROM audit_log a
 		WHERE a.tenant_id = h.tenant_id AND a.seq <= h.pruned_seq + $1
@@ -80,7 +81,7 @@ VALUES ((SELECT tenant_id FROM head), $2, $5, $8, $9, $10, $11, $12, $13, $14, $
 	WHERE a.tenant_id = cut.tenant_id AND cut.seq IS NOT NULL AND a.seq <= cut.seq
 	RETURNING a.tenant_id, a.seq, a.hash
 )
-UPDATE audit_heads h SET pruned_seq = cut.seq
+UPDATE audit_heads h SET pruned_seq = cut.seq, pruned_mark_seq = cut.seq
 FROM cut WHERE h.tenant_id = cut.tenant_id AND cut.seq IS NOT NULL AND cut.seq > h.pruned_seq
 RETURNING h.tenant_id, h.pruned_seq, (SELECT d.hash FROM del d WHERE d.tenant_id = h.tenant_id AND d.seq = h.pruned_seq)`
 

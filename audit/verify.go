@@ -20,14 +20,15 @@ var genesis = make([]byte, 32)
 // Verification is the result of checking a tenant's chain.
 type Verification struct {
 	// Valid: every kept record is authenticated — its MAC under the key
-	// its key id names (or, for the records written before the chain was
-	// keyed, its hash and a keyed record after it) — follows the one
-	// before it, the chain starts where retention's keyed mark says, and
-	// it ends at a head the server signed.
+	// its key id names (or, for a record written without the key, its
+	// hash and a keyed record after it) — follows the one before it, the
+	// chain starts where retention's keyed mark says, and it ends at a
+	// head the server signed.
 	Valid bool
 	// Checked is how many records were read; FirstSeq and LastSeq the
 	// kept range (0 when there is none). Legacy is how many of them were
-	// written before the chain was keyed (plain sha256 hashes).
+	// written without the key (plain sha256 hashes: before migration
+	// 00028, or by an older binary since).
 	Checked           int
 	FirstSeq, LastSeq int64
 	Legacy            int
@@ -62,11 +63,13 @@ type Anchor struct {
 // running meanwhile cannot make a valid chain look broken. A non-nil
 // anchor is checked too.
 //
-// Records written before the chain was keyed (key id "") are verified by
-// their sha256 hashes, and only as the chain's prefix: the first keyed
-// record's MAC covers the last of them (and so all), an unkeyed record
-// after a keyed one is a rewrite, and a chain with no keyed record is not
-// valid (nothing authenticates it until the tenant's next record).
+// Records without a key id — written before the chain was keyed, or by
+// such a binary during a rolling upgrade or after a rollback — are
+// verified by their sha256 hashes, and count only when a keyed record
+// follows them: its MAC covers its prev hash, which covers all before it.
+// Unkeyed records at the end of a chain are not valid (nothing
+// authenticates them until the tenant's next keyed record): that is what a
+// chain rewritten without the key looks like.
 func Verify(ctx context.Context, tx *pg.Tx, keys *Keyring, anchor *Anchor) (Verification, error) {
 	if keys == nil {
 		return Verification{}, ErrNoKeyring
@@ -83,7 +86,8 @@ func Verify(ctx context.Context, tx *pg.Tx, keys *Keyring, anchor *Anchor) (Veri
 		headMAC, prunedMAC   []byte
 		prev                 []byte
 		sawHead, broken      bool
-		keyed                bool // a keyed record was seen
+		lastKeyed            bool // the newest record read is keyed
+		unvouched            int64 // the first of the unkeyed records since the last keyed one (0: none)
 		want                 int64
 	)
 	fail := func(seq int64, format string, args ...any) {
@@ -134,15 +138,12 @@ func Verify(ctx context.Context, tx *pg.Tx, keys *Keyring, anchor *Anchor) (Veri
 			fail(want, "record %d is missing (found %d in its place)", want, *seq)
 		case !bytes.Equal(rowPrev, prev):
 			fail(*seq, "record %d does not follow record %d", *seq, *seq-1)
-		case *keyID == "" && keyed:
-			fail(*seq, "record %d is not keyed, though a record before it is: it was rewritten without the audit key", *seq)
 		case *keyID == "":
 			v.Legacy++
 			if !bytes.Equal(legacyHash(rowPrev, r), rowHash) {
 				fail(*seq, "record %d was modified", *seq)
 			}
 		default:
-			keyed = true
 			mac, ok := keys.recordMAC(*keyID, tx.Tenant, rowPrev, r)
 			switch {
 			case !ok:
@@ -150,6 +151,13 @@ func Verify(ctx context.Context, tx *pg.Tx, keys *Keyring, anchor *Anchor) (Veri
 			case !hmac.Equal(mac, rowHash):
 				fail(*seq, "record %d was modified", *seq)
 			}
+		}
+		lastKeyed = *keyID != ""
+		switch {
+		case lastKeyed:
+			unvouched = 0
+		case unvouched == 0:
+			unvouched = *seq
 		}
 		checkAnchor(*seq, rowHash)
 		prev, want = rowHash, *seq+1
@@ -171,12 +179,12 @@ func Verify(ctx context.Context, tx *pg.Tx, keys *Keyring, anchor *Anchor) (Veri
 		fail(v.LastSeq+1, "records after %d are missing (the head is at %d)", v.LastSeq, v.HeadSeq)
 	case !bytes.Equal(prev, v.HeadHash):
 		fail(v.HeadSeq, "record %d is not the head's", v.HeadSeq)
-	case !keyed:
-		fail(v.FirstSeq, "records %d to %d are not keyed, and no keyed record follows them: nothing authenticates them "+
-			"(records written before the audit key are vouched for by the tenant's next record; records rewritten without the key stay so)",
-			v.FirstSeq, v.LastSeq)
+	case !lastKeyed:
+		fail(unvouched, "records %d to %d are not keyed, and no keyed record follows them: nothing authenticates them "+
+			"(records written by a binary without the audit key are vouched for by the tenant's next record; records rewritten without the key stay so)",
+			unvouched, v.LastSeq)
 	}
-	if v.Checked > 0 && keyed || v.Checked == 0 && headKeyID != "" {
+	if v.Checked > 0 && lastKeyed || v.Checked == 0 && headKeyID != "" {
 		mac, ok := keys.headMAC(headKeyID, tx.Tenant, v.HeadSeq, v.HeadHash)
 		if !ok || headMAC == nil || !hmac.Equal(mac, headMAC) {
 			fail(v.HeadSeq+1, "the chain's head (seq %d) is not one the server wrote: records after %d may have been deleted", v.HeadSeq, v.HeadSeq)

@@ -11,7 +11,13 @@
 -- audit_heads.head_mac (under key_id) vouches for the head's seq and hash,
 -- so cutting the newest records off needs a head the server once wrote;
 -- pruned_mac (under pruned_key_id) is retention's mark of its cut, so
--- records deleted from the front by anyone else are found. A head's seq may
+-- records deleted from the front by anyone else are found. pruned_mark_seq
+-- is the cut the mark is for and must equal pruned_seq: retention moves
+-- both in one statement, while a binary from before this migration (a
+-- rolling upgrade's old pods, a rollback) moves pruned_seq alone and so
+-- fails instead of cutting a chain without a mark. (Its appends still
+-- work: they write unkeyed records, vouched for by the next keyed one.)
+-- A head's seq may
 -- be 0 inside the transaction of a tenant's first record: the placeholder
 -- that concurrent first appends lock (it never commits without a record).
 --
@@ -30,7 +36,10 @@ ALTER TABLE audit_heads
     ADD COLUMN key_id        text NOT NULL DEFAULT '' CHECK (key_id ~ '^([0-9a-f]{8})?$'),
     ADD COLUMN head_mac      bytea CHECK (octet_length(head_mac) = 32),
     ADD COLUMN pruned_key_id text NOT NULL DEFAULT '' CHECK (pruned_key_id ~ '^([0-9a-f]{8})?$'),
-    ADD COLUMN pruned_mac    bytea CHECK (octet_length(pruned_mac) = 32);
+    ADD COLUMN pruned_mac    bytea CHECK (octet_length(pruned_mac) = 32),
+    ADD COLUMN pruned_mark_seq bigint NOT NULL DEFAULT 0;
+UPDATE audit_heads SET pruned_mark_seq = pruned_seq;
+ALTER TABLE audit_heads ADD CONSTRAINT audit_heads_cut_marked CHECK (pruned_mark_seq = pruned_seq);
 
 CREATE TABLE audit_refusals (
     tenant_id      uuid NOT NULL REFERENCES tenants (id),
@@ -56,12 +65,13 @@ CREATE POLICY tenant_isolation ON audit_refusals
     WITH CHECK (tenant_id = NULLIF(current_setting('app.tenant_id', true), '')::uuid);
 
 GRANT UPDATE (key_id, head_mac) ON audit_heads TO composer_app;
-GRANT UPDATE (pruned_key_id, pruned_mac) ON audit_heads TO composer_system;
+GRANT UPDATE (pruned_key_id, pruned_mac, pruned_mark_seq) ON audit_heads TO composer_system;
 GRANT SELECT, INSERT, UPDATE (seq, repeats, last_at) ON audit_refusals TO composer_app;
 
 -- +goose Down
 DROP TABLE audit_refusals;
-ALTER TABLE audit_heads DROP COLUMN key_id, DROP COLUMN head_mac, DROP COLUMN pruned_key_id, DROP COLUMN pruned_mac;
+ALTER TABLE audit_heads DROP COLUMN key_id, DROP COLUMN head_mac, DROP COLUMN pruned_key_id, DROP COLUMN pruned_mac,
+    DROP COLUMN pruned_mark_seq;
 ALTER TABLE audit_heads DROP CONSTRAINT audit_heads_seq_check;
 ALTER TABLE audit_heads ADD CONSTRAINT audit_heads_seq_check CHECK (seq >= 1);
 ALTER TABLE audit_log DROP COLUMN key_id;
