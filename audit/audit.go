@@ -54,7 +54,7 @@ type Record struct {
 
 // RefusalWindow is how long refusals coalesce: of the refusals and
 // failures of one principal, action and outcome in one such window (fixed
-// windows from the epoch), the first is recorded in the chain and the rest
+// windows: :00, :10, … UTC), the first is recorded in the chain and the rest
 // only counted into it, so a principal hammering a mutation it may not
 // call writes one record per window, not one per call.
 const RefusalWindow = 10 * time.Minute
@@ -65,12 +65,13 @@ const RefusalWindow = 10 * time.Minute
 // (Seal), or on its own once the action ended without one (Finish).
 // Safe for concurrent use.
 type Entry struct {
-	mu     sync.Mutex
-	keys   *Keyring
-	tenant uuid.UUID
-	rec    Record
-	done   bool
-	skip   bool
+	mu       sync.Mutex
+	keys     *Keyring
+	tenant   uuid.UUID
+	rec      Record
+	done     bool
+	skip     bool
+	sealedIn *pg.Tx // the transaction that carries the record (one append each)
 }
 
 // NewEntry starts the record of action by a principal of tenant, to be
@@ -128,10 +129,11 @@ func Seal(ctx context.Context, tx *pg.Tx) {
 		return
 	}
 	e.mu.Lock()
-	if e.done {
+	if e.done || e.sealedIn == tx {
 		e.mu.Unlock()
 		return
 	}
+	e.sealedIn = tx
 	e.mu.Unlock()
 	var a *appender
 	tx.BeforeCommitRead(func(b *pgx.Batch) {

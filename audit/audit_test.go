@@ -719,3 +719,26 @@ func TestKeyringsAreParsedStrictly(t *testing.T) {
 	assert.Regexp(t, `^[0-9a-f]{8}$`, a.SigningKeyID())
 	assert.NotEqual(t, a.SigningKeyID(), newKeyring(t).SigningKeyID())
 }
+
+// TestAnEntryIsAppendedOnce: sealed twice into one transaction, and then
+// finished, an action leaves one ok record.
+func TestAnEntryIsAppendedOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	tn := w.tenant()
+	e := audit.NewEntry(w.keys, tn, "user", "u", "pauseQueue", "queue", "q", nil)
+	ctx := audit.With(context.Background(), e)
+	require.NoError(t, w.db.WithTenant(ctx, tn, func(ctx context.Context, tx *pg.Tx) error {
+		audit.Seal(ctx, tx)
+		audit.Seal(ctx, tx)
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return err
+	}))
+	wrote, err := audit.Finish(ctx, w.db, e, nil)
+	require.NoError(t, err)
+	assert.False(t, wrote)
+	recs := w.records(tn)
+	require.Len(t, recs, 1)
+	assert.Equal(t, audit.OK, recs[0].Outcome)
+	assert.True(t, w.verify(tn, w.keys, nil).Valid)
+}

@@ -86,7 +86,7 @@ func Verify(ctx context.Context, tx *pg.Tx, keys *Keyring, anchor *Anchor) (Veri
 		headMAC, prunedMAC   []byte
 		prev                 []byte
 		sawHead, broken      bool
-		lastKeyed            bool // the newest record read is keyed
+		lastKeyed            bool  // the newest record read is keyed
 		unvouched            int64 // the first of the unkeyed records since the last keyed one (0: none)
 		want                 int64
 	)
