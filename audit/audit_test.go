@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver for goose
 	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/assert"
@@ -84,22 +85,41 @@ func (w *world) verify(tenant uuid.UUID, keys *audit.Keyring, anchor *audit.Anch
 	return v
 }
 
-// asOwner runs sql as composer_owner, the tables' owner — an attacker
-// with write access to every audit table (bound by FORCE ROW LEVEL
-// SECURITY to the tenant it names, like everyone but the system role).
-func (w *world) asOwner(tenant uuid.UUID, sql ...string) {
+// ownerTx begins a transaction as composer_owner, the tables' owner — an
+// attacker with write access to every audit table (bound by FORCE ROW
+// LEVEL SECURITY to the tenant it names, like everyone but the system
+// role). It is rolled back at the test's end unless committed.
+func (w *world) ownerTx(tenant uuid.UUID) pgx.Tx {
 	w.t.Helper()
 	ctx := context.Background()
 	tx, err := w.env.Owner(w.t).Begin(ctx)
 	require.NoError(w.t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	w.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	_, err = tx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tenant.String())
 	require.NoError(w.t, err)
+	return tx
+}
+
+// asOwner runs sql in an ownerTx and commits.
+func (w *world) asOwner(tenant uuid.UUID, sql ...string) {
+	w.t.Helper()
+	tx := w.ownerTx(tenant)
 	for _, s := range sql {
-		_, err = tx.Exec(ctx, s)
+		_, err := tx.Exec(context.Background(), s)
 		require.NoError(w.t, err, s)
 	}
-	require.NoError(w.t, tx.Commit(ctx))
+	require.NoError(w.t, tx.Commit(context.Background()))
+}
+
+// brokenAt asserts v is not valid, broken at seq with a problem saying
+// what.
+func brokenAt(t *testing.T, v audit.Verification, seq int64, what string, msg ...any) {
+	t.Helper()
+	assert.False(t, v.Valid, msg...)
+	assert.Equal(t, seq, v.BrokenAt, append(msg, v.Problem)...)
+	if what != "" {
+		assert.Contains(t, v.Problem, what, msg...)
+	}
 }
 
 func (w *world) records(tenant uuid.UUID) []audit.Record {
@@ -183,9 +203,7 @@ func TestAConsistentRewriteWithoutTheKeyIsDetected(t *testing.T) {
 		require.Zero(t, v.Legacy)
 		c.tamper(tn)
 		v = w.verify(tn, w.keys, nil)
-		assert.False(t, v.Valid, c.name)
-		assert.Equal(t, c.at, v.BrokenAt, "%s: %s", c.name, v.Problem)
-		assert.Contains(t, v.Problem, c.problem, c.name)
+		brokenAt(t, v, c.at, c.problem, c.name)
 		assert.ErrorContains(t, v.Err(), fmt.Sprintf("at seq %d", c.at), c.name)
 	}
 }
@@ -196,11 +214,7 @@ func (w *world) remac(tenant uuid.UUID, attacker *audit.Keyring, id string, from
 	w.t.Helper()
 	w.asOwner(tenant, fmt.Sprintf(`UPDATE audit_log SET detail = '{"i":77}' WHERE seq = %d`, from))
 	ctx := context.Background()
-	tx, err := w.env.Owner(w.t).Begin(ctx)
-	require.NoError(w.t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tenant.String())
-	require.NoError(w.t, err)
+	tx := w.ownerTx(tenant)
 	var prev []byte
 	require.NoError(w.t, tx.QueryRow(ctx, `SELECT hash FROM audit_log WHERE seq = $1`, from-1).Scan(&prev))
 	rows, err := tx.Query(ctx, `SELECT seq, at, principal_kind, principal_id, action, target_type, target_id, outcome, detail
@@ -237,9 +251,7 @@ func TestRecordsBeforeTheKeyVerifyAsLegacy(t *testing.T) {
 	w.appendN(tn, w.keys, 4)
 	w.asOwner(tn, rechainUnkeyed(1)) // as migration 00023 wrote them
 	v := w.verify(tn, w.keys, nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(1), v.BrokenAt)
-	assert.Contains(t, v.Problem, "no keyed record follows them")
+	brokenAt(t, v, 1, "no keyed record follows them")
 	assert.Equal(t, 4, v.Legacy)
 
 	w.appendN(tn, w.keys, 2)
@@ -250,8 +262,7 @@ func TestRecordsBeforeTheKeyVerifyAsLegacy(t *testing.T) {
 
 	w.asOwner(tn, `UPDATE audit_log SET target_id = 'other' WHERE seq = 2`, rechainUnkeyedThrough(2, 4))
 	v = w.verify(tn, w.keys, nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(5), v.BrokenAt, "the first keyed record no longer follows: %s", v.Problem)
+	brokenAt(t, v, 5, "does not follow record 4")
 }
 
 // legacyAppend is migration 00023's append, as the binaries before the
@@ -288,10 +299,7 @@ func TestAChainFromBeforeTheUpgradeVerifiesAsLegacy(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.ApplyVersion(ctx, 28, false)
 	require.NoError(t, err)
-	tx, err := w.env.Owner(t).Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tn.String())
-	require.NoError(t, err)
+	tx := w.ownerTx(tn)
 	for i := range 3 {
 		r := audit.Record{PrincipalKind: "user", PrincipalID: "old@x", Action: "pauseQueue", TargetType: "queue",
 			TargetID: fmt.Sprint(i), Outcome: audit.OK, Detail: audit.Detail(map[string]any{"i": i})}
@@ -340,20 +348,15 @@ func TestAnOlderBinaryDuringARollingUpgrade(t *testing.T) {
 	ctx := context.Background()
 	tn := w.tenant()
 	w.appendN(tn, w.keys, 2)
-	tx, err := w.env.Owner(t).Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tn.String())
-	require.NoError(t, err)
+	tx := w.ownerTx(tn)
 	r := audit.Record{PrincipalKind: "user", PrincipalID: "old@x", Action: "pauseQueue", TargetType: "queue", TargetID: "old",
 		Outcome: audit.OK, Detail: audit.Detail(nil)}
-	_, err = tx.Exec(ctx, legacyAppend, tn, r.PrincipalKind, r.PrincipalID, r.Action, r.TargetType, r.TargetID, r.Outcome,
+	_, err := tx.Exec(ctx, legacyAppend, tn, r.PrincipalKind, r.PrincipalID, r.Action, r.TargetType, r.TargetID, r.Outcome,
 		string(r.Detail), audit.Body(r))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	v := w.verify(tn, w.keys, nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(3), v.BrokenAt, v.Problem)
-	assert.Contains(t, v.Problem, "no keyed record follows")
+	brokenAt(t, v, 3, "no keyed record follows")
 	w.appendN(tn, w.keys, 1)
 	v = w.verify(tn, w.keys, nil)
 	assert.True(t, v.Valid, v.Problem)
@@ -402,12 +405,9 @@ func TestKeysRotate(t *testing.T) {
 	assert.Equal(t, []string{o, o, o, n, n, n}, ids)
 
 	v = w.verify(tn, newKeyring(t, newKeyS), nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(1), v.BrokenAt)
-	assert.Contains(t, v.Problem, "signed under audit key "+o)
+	brokenAt(t, v, 1, "signed under audit key "+o)
 	v = w.verify(tn, before, nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(4), v.BrokenAt)
+	brokenAt(t, v, 4, "which this server does not have")
 }
 
 // TestTheHeadCannotBeCutBack: deleting the newest records and moving the
@@ -440,32 +440,24 @@ func TestTheHeadCannotBeCutBack(t *testing.T) {
 	w.asOwner(tn, `DELETE FROM audit_log WHERE seq = 5`,
 		`UPDATE audit_heads SET seq = 4, hash = (SELECT hash FROM audit_log WHERE seq = 4)`)
 	v = w.verify(tn, w.keys, nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(5), v.BrokenAt)
-	assert.Contains(t, v.Problem, "not one the server wrote")
+	brokenAt(t, v, 5, "not one the server wrote")
 
 	// Cut back to a head the server signed before: only the anchor tells.
-	tx, err := w.env.Owner(t).Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, "SELECT set_config('app.tenant_id', $1, true)", tn.String())
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `UPDATE audit_heads SET seq = $1, hash = $2, prev_hash = $3, at = $4, head_mac = $5`,
+	tx := w.ownerTx(tn)
+	_, err := tx.Exec(ctx, `UPDATE audit_heads SET seq = $1, hash = $2, prev_hash = $3, at = $4, head_mac = $5`,
 		saved.seq, saved.hash, saved.prev, saved.at, saved.mac)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	assert.True(t, w.verify(tn, w.keys, nil).Valid, "a replayed head is not found without an anchor")
 	v = w.verify(tn, w.keys, anchor)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(5), v.BrokenAt)
-	assert.Contains(t, v.Problem, "before the anchored record 5")
+	brokenAt(t, v, 5, "before the anchored record 5")
 
 	// An anchor whose record was rewritten.
 	w.appendN(tn, w.keys, 1)
 	v = w.verify(tn, w.keys, nil)
 	require.True(t, v.Valid, v.Problem)
 	v = w.verify(tn, w.keys, &audit.Anchor{Seq: 3, Hash: make([]byte, 32)})
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(3), v.BrokenAt)
+	brokenAt(t, v, 3, "anchored hash")
 }
 
 // TestRetentionMarksItsCut: retention deletes a prefix and marks the cut,
@@ -498,9 +490,7 @@ func TestRetentionMarksItsCut(t *testing.T) {
 
 	w.asOwner(tn, `DELETE FROM audit_log WHERE seq = 6`, `UPDATE audit_heads SET pruned_seq = 6, pruned_mark_seq = 6`)
 	v = w.verify(tn, w.keys, nil)
-	assert.False(t, v.Valid)
-	assert.Equal(t, int64(7), v.BrokenAt)
-	assert.Contains(t, v.Problem, "not by retention")
+	brokenAt(t, v, 7, "not by retention")
 
 	_, err = audit.Prune(ctx, w.db, nil)
 	assert.ErrorIs(t, err, audit.ErrNoKeyring)
