@@ -31,7 +31,7 @@ func TestComposeFilesAreValid(t *testing.T) {
 	require.NoError(t, err)
 	text := string(prod)
 	assert.Contains(t, text, `COMPOSER_DEV: "false"`)
-	for _, secret := range []string{"COMPOSER_WORKER_TOKEN:", "COMPOSER_WEBHOOK_SECRET_KEY:", "PASSWORD:", "change-me"} {
+	for _, secret := range []string{"COMPOSER_WORKER_TOKEN:", "COMPOSER_WEBHOOK_SECRET_KEY:", "COMPOSER_AUDIT_KEY:", "PASSWORD:", "change-me"} {
 		assert.False(t, strings.Contains(text, secret), "the production compose file sets %s itself", secret)
 	}
 	var doc struct {
@@ -57,7 +57,7 @@ func TestComposeFilesAreValid(t *testing.T) {
 	assert.Contains(t, text, "--appendonly yes", "Redis persists its streams")
 	env, err := os.ReadFile("composer.env.example")
 	require.NoError(t, err)
-	for _, v := range []string{"COMPOSER_WORKER_TOKEN=", "COMPOSER_WEBHOOK_SECRET_KEY=", "POSTGRES_PASSWORD=", "REDIS_PASSWORD="} {
+	for _, v := range []string{"COMPOSER_WORKER_TOKEN=", "COMPOSER_WEBHOOK_SECRET_KEY=", "COMPOSER_AUDIT_KEY=", "POSTGRES_PASSWORD=", "REDIS_PASSWORD="} {
 		assert.Contains(t, string(env), v+"\n", "the example leaves %s empty", v)
 	}
 }

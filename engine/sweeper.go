@@ -38,6 +38,9 @@ type SweeperConfig struct {
 	// RetentionMonths, when positive, drops whole months of run data older
 	// than this many months, once a day.
 	RetentionMonths int
+	// AuditKeys mark the audit log's retention cuts (audit.Prune); without
+	// them the audit log is not pruned.
+	AuditKeys *audit.Keyring
 }
 
 func (c *SweeperConfig) defaults() {
@@ -454,8 +457,10 @@ func (s *Sweeper) Maintain(ctx context.Context) error {
 	}
 	// Audit records past their plan's retention, oldest first (each
 	// tenant's kept records stay a contiguous tail of its chain).
-	if _, err := audit.Prune(ctx, s.db); err != nil {
-		return err
+	if s.cfg.AuditKeys != nil {
+		if _, err := audit.Prune(ctx, s.db, s.cfg.AuditKeys); err != nil {
+			return err
+		}
 	}
 	if made+dropped > 0 {
 		s.log.Info("partitions maintained", zap.Int("created", made), zap.Int("dropped", dropped))

@@ -127,7 +127,7 @@ func (r *Resolver) auditMutations(ctx context.Context, next graphql.Resolver) (r
 			break
 		}
 	}
-	e := audit.NewEntry(p.TenantID, string(p.Kind), p.Subject, fc.Field.Name, spec.target, target, detail)
+	e := audit.NewEntry(r.AuditKeys, p.TenantID, string(p.Kind), p.Subject, fc.Field.Name, spec.target, target, detail)
 	defer func() {
 		if v := recover(); v != nil {
 			r.finishAudit(ctx, e, errs.E(errs.Internal, "panic"))

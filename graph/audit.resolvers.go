@@ -7,6 +7,7 @@ package graph
 
 import (
 	"context"
+	"encoding/hex"
 	"strconv"
 	"strings"
 
@@ -61,26 +62,41 @@ func (r *queryResolver) AuditLog(ctx context.Context, first *int, after *string,
 		cursor := encodeCursor("audit:" + strconv.FormatInt(rec.Seq, 10))
 		out.Edges = append(out.Edges, model.AuditEdge{Cursor: cursor, Node: &model.AuditRecord{Seq: rec.Seq, At: rec.At,
 			PrincipalKind: model.PrincipalKind(strings.ToUpper(rec.PrincipalKind)), PrincipalID: rec.PrincipalID, Action: rec.Action,
-			TargetType: rec.TargetType, TargetID: rec.TargetID, Outcome: rec.Outcome, Detail: rec.Detail}})
+			TargetType: rec.TargetType, TargetID: rec.TargetID, Outcome: rec.Outcome, Detail: rec.Detail,
+			Repeats: int(rec.Repeats), LastRepeatAt: rec.LastRepeatAt}})
 		out.PageInfo.EndCursor = &cursor
 	}
 	return out, nil
 }
 
 // AuditVerify is the resolver for the auditVerify field.
-func (r *queryResolver) AuditVerify(ctx context.Context) (*model.AuditVerification, error) {
+func (r *queryResolver) AuditVerify(ctx context.Context, anchor *model.AuditAnchorInput) (*model.AuditVerification, error) {
+	var a *audit.Anchor
+	if anchor != nil {
+		h, err := hex.DecodeString(anchor.Hash)
+		if anchor.Seq < 1 || err != nil || len(h) != 32 {
+			e := errs.E(errs.Invalid, "anchor: a seq of 1 or more and a hash of 64 hexadecimal digits (headSeq and headHash of an earlier auditVerify)")
+			e.Fields = []errs.Field{{Field: "anchor", Message: e.Message}}
+			return nil, e
+		}
+		a = &audit.Anchor{Seq: anchor.Seq, Hash: h}
+	}
 	var v audit.Verification
 	err := r.inTenant(ctx, auth.ActionAuditRead, func(ctx context.Context, tx *pg.Tx) error {
 		var err error
-		v, err = audit.Verify(ctx, tx)
+		v, err = audit.Verify(ctx, tx, r.AuditKeys, a)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
-	out := &model.AuditVerification{Valid: v.Valid, Checked: v.Checked}
+	out := &model.AuditVerification{Valid: v.Valid, Checked: v.Checked, Legacy: v.Legacy, AnchorPruned: v.AnchorPruned}
 	if v.Checked > 0 {
 		out.FirstSeq, out.LastSeq = &v.FirstSeq, &v.LastSeq
+	}
+	if v.HeadSeq > 0 {
+		h := hex.EncodeToString(v.HeadHash)
+		out.HeadSeq, out.HeadHash = &v.HeadSeq, &h
 	}
 	if !v.Valid {
 		out.BrokenAt, out.Problem = &v.BrokenAt, &v.Problem

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -294,7 +295,7 @@ func appendRecords(t *testing.T, sys *apptest.System, tenant uuid.UUID, n int) {
 	t.Helper()
 	for i := range n {
 		err := sys.Deps.DB.WithTenant(context.Background(), tenant, func(ctx context.Context, tx *pg.Tx) error {
-			return audit.Append(ctx, tx, audit.Record{PrincipalKind: "user", PrincipalID: "someone", Action: "pauseQueue",
+			return audit.Append(ctx, tx, sys.Server.AuditKeys, audit.Record{PrincipalKind: "user", PrincipalID: "someone", Action: "pauseQueue",
 				TargetType: "queue", TargetID: fmt.Sprintf("q%d", i), Outcome: audit.OK, Detail: audit.Detail(map[string]any{"i": i})})
 		})
 		require.NoError(t, err)
@@ -373,7 +374,7 @@ func TestARolledBackActionLeavesNoOKRecord(t *testing.T) {
 
 	// Sealed into a transaction that then fails: neither its change nor a
 	// record commits.
-	ctx := audit.With(context.Background(), audit.NewEntry(sys.Tenant, "user", "x", "addMember", "member", "m@x", nil))
+	ctx := audit.With(context.Background(), audit.NewEntry(sys.Server.AuditKeys, sys.Tenant, "user", "x", "addMember", "member", "m@x", nil))
 	err := sys.Deps.DB.WithTenant(ctx, sys.Tenant, func(ctx context.Context, tx *pg.Tx) error {
 		audit.Seal(ctx, tx)
 		if _, err := (auth.Members{}).Add(ctx, tx, "m@x", auth.RoleViewer, ""); err != nil {
@@ -495,6 +496,37 @@ func TestTheAuditLogIsTheTenantsAndOwnersAndAdminsOnly(t *testing.T) {
 	validB, _, checkedB := verifyChain(t, sys, b.owner)
 	assert.True(t, validB)
 	assert.Equal(t, len(log.AuditLog.Edges), checkedB, "B's verification reads B's chain only")
+	// A's head as B's anchor checks B's own chain against it, and tells B
+	// nothing of A's.
+	headA := chainHead(t, sys, a.owner)
+	var v struct {
+		AuditVerify struct {
+			Valid    bool
+			HeadSeq  int64
+			HeadHash string
+			Problem  *string
+		}
+	}
+	sys.GraphQL(b.owner, `query($s: Int64!, $h: String!) { auditVerify(anchor: {seq: $s, hash: $h}) { valid headSeq headHash problem } }`,
+		map[string]any{"s": headA.seq, "h": headA.hash}).Decode(t, &v)
+	assert.NotEqual(t, headA.hash, v.AuditVerify.HeadHash)
+	if headA.seq <= v.AuditVerify.HeadSeq {
+		assert.False(t, v.AuditVerify.Valid, "A's hash is not B's record's")
+	}
+	// A's refusals are not counted into B's records of the same subject.
+	sameA, sameB := sys.Token(a.id, "same@x", auth.RoleViewer), sys.Token(b.id, "same@x", auth.RoleViewer)
+	for range 3 {
+		require.Equal(t, []string{"FORBIDDEN"}, sys.GraphQL(sameA, `mutation { pauseQueue(queue: "q") { queue } }`, nil).Codes())
+	}
+	require.Equal(t, []string{"FORBIDDEN"}, sys.GraphQL(sameB, `mutation { pauseQueue(queue: "q") { queue } }`, nil).Codes())
+	for _, c := range []struct {
+		owner string
+		want  int
+	}{{a.owner, 3}, {b.owner, 1}} {
+		recs, total := refusedRecords(t, sys, c.owner, "same@x", "pauseQueue")
+		assert.Len(t, recs, 1)
+		assert.Equal(t, c.want, total)
+	}
 
 	admin := sys.Token(a.id, "admin@a", auth.RoleAdmin)
 	adminKey := sys.APIKey(auth.ScopeAdmin)
@@ -522,7 +554,7 @@ func TestRetentionKeepsAVerifiableChain(t *testing.T) {
 	withOwner(t, sys, sys.Tenant, `UPDATE audit_log SET at = at - interval '400 days' WHERE seq <= 5`)
 	valid, _, _ := verifyChain(t, sys, owner)
 	require.False(t, valid)
-	_, err := audit.Prune(context.Background(), sys.Deps.DB)
+	_, err := audit.Prune(context.Background(), sys.Deps.DB, sys.Server.AuditKeys)
 	require.NoError(t, err)
 	valid, brokenAt, checked := verifyChain(t, sys, owner)
 	assert.True(t, valid, "broken at %d", brokenAt)
@@ -537,4 +569,93 @@ func TestRetentionKeepsAVerifiableChain(t *testing.T) {
 	valid, brokenAt, _ = verifyChain(t, sys, owner)
 	assert.False(t, valid)
 	assert.Equal(t, int64(6), brokenAt)
+}
+
+type head struct {
+	seq  int64
+	hash string
+}
+
+func chainHead(t *testing.T, sys *apptest.System, cred string) head {
+	t.Helper()
+	var v struct {
+		AuditVerify struct {
+			Valid    bool
+			HeadSeq  int64
+			HeadHash string
+		}
+	}
+	sys.GraphQL(cred, `{ auditVerify { valid headSeq headHash } }`, nil).Decode(t, &v)
+	require.True(t, v.AuditVerify.Valid)
+	require.Regexp(t, `^[0-9a-f]{64}$`, v.AuditVerify.HeadHash)
+	return head{v.AuditVerify.HeadSeq, v.AuditVerify.HeadHash}
+}
+
+type refusedRecord struct {
+	Seq          int64
+	Outcome      string
+	Repeats      int
+	At           time.Time
+	LastRepeatAt *time.Time
+}
+
+// refusedRecords lists principal's FORBIDDEN records of action and how
+// many refusals they stand for.
+func refusedRecords(t *testing.T, sys *apptest.System, owner, principal, action string) ([]refusedRecord, int) {
+	t.Helper()
+	var out struct {
+		AuditLog struct {
+			Edges []struct{ Node refusedRecord }
+		}
+	}
+	sys.GraphQL(owner, `query($a: String, $p: String) { auditLog(first: 100, filter: {action: $a, principalId: $p}) {
+		edges { node { seq outcome repeats at lastRepeatAt } } } }`, map[string]any{"a": action, "p": principal}).Decode(t, &out)
+	var recs []refusedRecord
+	total := 0
+	for _, e := range out.AuditLog.Edges {
+		if e.Node.Outcome == "FORBIDDEN" {
+			recs = append(recs, e.Node)
+			total += 1 + e.Node.Repeats
+		}
+	}
+	return recs, total
+}
+
+// TestRefusedMutationsAreCoalescedPerPrincipal: 300 refused mutations of
+// a viewer leave one record per 10-minute window (two, should the test
+// straddle a window's end), counting all 300, newest repeat included; the
+// chain stays valid.
+func TestRefusedMutationsAreCoalescedPerPrincipal(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	owner := sys.Token(sys.Tenant, "owner@x", auth.RoleOwner)
+	viewer := sys.Token(sys.Tenant, "viewer@x", auth.RoleViewer)
+	for range 300 {
+		require.Equal(t, []string{"FORBIDDEN"}, sys.GraphQL(viewer, `mutation { pauseQueue(queue: "q") { queue } }`, nil).Codes())
+	}
+	recs, total := refusedRecords(t, sys, owner, "viewer@x", "pauseQueue")
+	require.NotEmpty(t, recs)
+	assert.LessOrEqual(t, len(recs), 2)
+	assert.Equal(t, 300, total)
+	for _, r := range recs {
+		if r.Repeats > 0 {
+			require.NotNil(t, r.LastRepeatAt)
+			assert.False(t, r.LastRepeatAt.Before(r.At))
+		} else {
+			assert.Nil(t, r.LastRepeatAt)
+		}
+	}
+	valid, brokenAt, checked := verifyChain(t, sys, owner)
+	assert.True(t, valid, "broken at %d", brokenAt)
+	assert.Equal(t, len(recs), checked)
+
+	// An anchor of the head verifies; a malformed one is refused.
+	h := chainHead(t, sys, owner)
+	var v struct{ AuditVerify struct{ Valid bool } }
+	sys.GraphQL(owner, `query($s: Int64!, $h: String!) { auditVerify(anchor: {seq: $s, hash: $h}) { valid } }`,
+		map[string]any{"s": h.seq, "h": h.hash}).Decode(t, &v)
+	assert.True(t, v.AuditVerify.Valid)
+	for _, bad := range []map[string]any{{"s": 0, "h": h.hash}, {"s": h.seq, "h": "zz"}, {"s": h.seq, "h": h.hash[:10]}} {
+		assert.Equal(t, []string{"BAD_USER_INPUT"}, sys.GraphQL(owner, `query($s: Int64!, $h: String!) { auditVerify(anchor: {seq: $s, hash: $h}) { valid } }`, bad).Codes())
+	}
 }

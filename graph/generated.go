@@ -89,21 +89,27 @@ type ComplexityRoot struct {
 		Action        func(childComplexity int) int
 		At            func(childComplexity int) int
 		Detail        func(childComplexity int) int
+		LastRepeatAt  func(childComplexity int) int
 		Outcome       func(childComplexity int) int
 		PrincipalID   func(childComplexity int) int
 		PrincipalKind func(childComplexity int) int
+		Repeats       func(childComplexity int) int
 		Seq           func(childComplexity int) int
 		TargetID      func(childComplexity int) int
 		TargetType    func(childComplexity int) int
 	}
 
 	AuditVerification struct {
-		BrokenAt func(childComplexity int) int
-		Checked  func(childComplexity int) int
-		FirstSeq func(childComplexity int) int
-		LastSeq  func(childComplexity int) int
-		Problem  func(childComplexity int) int
-		Valid    func(childComplexity int) int
+		AnchorPruned func(childComplexity int) int
+		BrokenAt     func(childComplexity int) int
+		Checked      func(childComplexity int) int
+		FirstSeq     func(childComplexity int) int
+		HeadHash     func(childComplexity int) int
+		HeadSeq      func(childComplexity int) int
+		LastSeq      func(childComplexity int) int
+		Legacy       func(childComplexity int) int
+		Problem      func(childComplexity int) int
+		Valid        func(childComplexity int) int
 	}
 
 	BulkFilter struct {
@@ -275,7 +281,7 @@ type ComplexityRoot struct {
 	Query struct {
 		APIKeys           func(childComplexity int, first *int, after *uuid.UUID) int
 		AuditLog          func(childComplexity int, first *int, after *string, filter *model.AuditFilter) int
-		AuditVerify       func(childComplexity int) int
+		AuditVerify       func(childComplexity int, anchor *model.AuditAnchorInput) int
 		BulkOperation     func(childComplexity int, id uuid.UUID) int
 		BulkOperations    func(childComplexity int, first *int, after *uuid.UUID) int
 		ConcurrencyKeys   func(childComplexity int, workflowID uuid.UUID, first *int) int
@@ -731,7 +737,7 @@ type QueryResolver interface {
 	Members(ctx context.Context) ([]auth.Member, error)
 	Workers(ctx context.Context) ([]taskpoll.Worker, error)
 	AuditLog(ctx context.Context, first *int, after *string, filter *model.AuditFilter) (*model.AuditConnection, error)
-	AuditVerify(ctx context.Context) (*model.AuditVerification, error)
+	AuditVerify(ctx context.Context, anchor *model.AuditAnchorInput) (*model.AuditVerification, error)
 	InvoicePreview(ctx context.Context, period *string) (*model.Invoice, error)
 	BulkOperation(ctx context.Context, id uuid.UUID) (*engine.BulkOperation, error)
 	BulkOperations(ctx context.Context, first *int, after *uuid.UUID) ([]engine.BulkOperation, error)
@@ -926,6 +932,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AuditRecord.Detail(childComplexity), true
+	case "AuditRecord.lastRepeatAt":
+		if e.ComplexityRoot.AuditRecord.LastRepeatAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.LastRepeatAt(childComplexity), true
 	case "AuditRecord.outcome":
 		if e.ComplexityRoot.AuditRecord.Outcome == nil {
 			break
@@ -944,6 +956,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AuditRecord.PrincipalKind(childComplexity), true
+	case "AuditRecord.repeats":
+		if e.ComplexityRoot.AuditRecord.Repeats == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditRecord.Repeats(childComplexity), true
 	case "AuditRecord.seq":
 		if e.ComplexityRoot.AuditRecord.Seq == nil {
 			break
@@ -963,6 +981,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.AuditRecord.TargetType(childComplexity), true
 
+	case "AuditVerification.anchorPruned":
+		if e.ComplexityRoot.AuditVerification.AnchorPruned == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.AnchorPruned(childComplexity), true
 	case "AuditVerification.brokenAt":
 		if e.ComplexityRoot.AuditVerification.BrokenAt == nil {
 			break
@@ -981,12 +1005,30 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AuditVerification.FirstSeq(childComplexity), true
+	case "AuditVerification.headHash":
+		if e.ComplexityRoot.AuditVerification.HeadHash == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.HeadHash(childComplexity), true
+	case "AuditVerification.headSeq":
+		if e.ComplexityRoot.AuditVerification.HeadSeq == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.HeadSeq(childComplexity), true
 	case "AuditVerification.lastSeq":
 		if e.ComplexityRoot.AuditVerification.LastSeq == nil {
 			break
 		}
 
 		return e.ComplexityRoot.AuditVerification.LastSeq(childComplexity), true
+	case "AuditVerification.legacy":
+		if e.ComplexityRoot.AuditVerification.Legacy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditVerification.Legacy(childComplexity), true
 	case "AuditVerification.problem":
 		if e.ComplexityRoot.AuditVerification.Problem == nil {
 			break
@@ -1924,7 +1966,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			break
 		}
 
-		return e.ComplexityRoot.Query.AuditVerify(childComplexity), true
+		args, err := ec.field_Query_auditVerify_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.AuditVerify(childComplexity, args["anchor"].(*model.AuditAnchorInput)), true
 	case "Query.bulkOperation":
 		if e.ComplexityRoot.Query.BulkOperation == nil {
 			break
@@ -3711,6 +3758,7 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	ec := newExecutionContext(opCtx, e, make(chan graphql.DeferredResult))
 	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
 		return graphql.NewInputUnmarshalerIndex(
+			graphql.NewInputUnmarshaler("AuditAnchorInput", ec.unmarshalInputAuditAnchorInput),
 			graphql.NewInputUnmarshaler("AuditFilter", ec.unmarshalInputAuditFilter),
 			graphql.NewInputUnmarshaler("CreateApiKeyInput", ec.unmarshalInputCreateApiKeyInput),
 			graphql.NewInputUnmarshaler("CreateBulkOperationInput", ec.unmarshalInputCreateBulkOperationInput),
@@ -3909,6 +3957,10 @@ func (ec *executionContext) childFields_AuditRecord(ctx context.Context, field g
 		return ec.fieldContext_AuditRecord_outcome(ctx, field)
 	case "detail":
 		return ec.fieldContext_AuditRecord_detail(ctx, field)
+	case "repeats":
+		return ec.fieldContext_AuditRecord_repeats(ctx, field)
+	case "lastRepeatAt":
+		return ec.fieldContext_AuditRecord_lastRepeatAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type AuditRecord", field.Name)
 }
@@ -3923,6 +3975,14 @@ func (ec *executionContext) childFields_AuditVerification(ctx context.Context, f
 		return ec.fieldContext_AuditVerification_firstSeq(ctx, field)
 	case "lastSeq":
 		return ec.fieldContext_AuditVerification_lastSeq(ctx, field)
+	case "legacy":
+		return ec.fieldContext_AuditVerification_legacy(ctx, field)
+	case "headSeq":
+		return ec.fieldContext_AuditVerification_headSeq(ctx, field)
+	case "headHash":
+		return ec.fieldContext_AuditVerification_headHash(ctx, field)
+	case "anchorPruned":
+		return ec.fieldContext_AuditVerification_anchorPruned(ctx, field)
 	case "brokenAt":
 		return ec.fieldContext_AuditVerification_brokenAt(ctx, field)
 	case "problem":
@@ -5769,6 +5829,20 @@ func (ec *executionContext) field_Query_auditLog_args(ctx context.Context, rawAr
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_auditVerify_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "anchor",
+		func(ctx context.Context, v any) (*model.AuditAnchorInput, error) {
+			return ec.unmarshalOAuditAnchorInput2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditAnchorInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["anchor"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_bulkOperation_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -6920,6 +6994,52 @@ func (ec *executionContext) fieldContext_AuditRecord_detail(_ context.Context, f
 	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "JSON")
 }
 
+func (ec *executionContext) _AuditRecord_repeats(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_repeats(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Repeats, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_repeats(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "Int")
+}
+
+func (ec *executionContext) _AuditRecord_lastRepeatAt(ctx context.Context, field graphql.CollectedField, obj *model.AuditRecord) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditRecord_lastRepeatAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastRepeatAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditRecord_lastRepeatAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditRecord", field, false, false, "Time")
+}
+
 func (ec *executionContext) _AuditVerification_valid(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7010,6 +7130,98 @@ func (ec *executionContext) _AuditVerification_lastSeq(ctx context.Context, fiel
 }
 func (ec *executionContext) fieldContext_AuditVerification_lastSeq(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _AuditVerification_legacy(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_legacy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Legacy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_legacy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int")
+}
+
+func (ec *executionContext) _AuditVerification_headSeq(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_headSeq(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.HeadSeq, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_headSeq(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _AuditVerification_headHash(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_headHash(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.HeadHash, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_headHash(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditVerification_anchorPruned(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditVerification_anchorPruned(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AnchorPruned, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AuditVerification_anchorPruned(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditVerification", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _AuditVerification_brokenAt(ctx context.Context, field graphql.CollectedField, obj *model.AuditVerification) (ret graphql.Marshaler) {
@@ -11010,7 +11222,8 @@ func (ec *executionContext) _Query_auditVerify(ctx context.Context, field graphq
 			return ec.fieldContext_Query_auditVerify(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return ec.Resolvers.Query().AuditVerify(ctx)
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().AuditVerify(ctx, fc.Args["anchor"].(*model.AuditAnchorInput))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.AuditVerification) graphql.Marshaler {
@@ -11020,7 +11233,7 @@ func (ec *executionContext) _Query_auditVerify(ctx context.Context, field graphq
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_Query_auditVerify(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+func (ec *executionContext) fieldContext_Query_auditVerify(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	fc = &graphql.FieldContext{
 		Object:     "Query",
 		Field:      field,
@@ -11029,6 +11242,17 @@ func (ec *executionContext) fieldContext_Query_auditVerify(_ context.Context, fi
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_AuditVerification(ctx, field)
 		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_auditVerify_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }
@@ -18908,6 +19132,55 @@ func (ec *executionContext) fieldContext___Type_isOneOf(_ context.Context, field
 
 // region    **************************** input.gotpl *****************************
 
+func (ec *executionContext) unmarshalInputAuditAnchorInput(ctx context.Context, obj any) (model.AuditAnchorInput, error) {
+	var it model.AuditAnchorInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"seq", "hash"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "seq":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("seq"))
+			data, err := ec.unmarshalNInt642int64(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Seq = data
+		case "hash":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("hash"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Hash = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalAuditAnchorInput unmarshals raw into the AuditAnchorInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalAuditAnchorInput(ctx context.Context, raw any) (model.AuditAnchorInput, error) {
+	var out model.AuditAnchorInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "AuditAnchorInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputAuditFilter(ctx context.Context, obj any) (model.AuditFilter, error) {
 	var it model.AuditFilter
 	if obj == nil {
@@ -20028,6 +20301,16 @@ func (ec *executionContext) _AuditRecord(ctx context.Context, sel ast.SelectionS
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "repeats":
+			out.Values[i] = ec._AuditRecord_repeats(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "lastRepeatAt":
+			out.Values[i] = ec._AuditRecord_lastRepeatAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -20074,6 +20357,26 @@ func (ec *executionContext) _AuditVerification(ctx context.Context, sel ast.Sele
 		case "lastSeq":
 			out.Values[i] = ec._AuditVerification_lastSeq(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "legacy":
+			out.Values[i] = ec._AuditVerification_legacy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "headSeq":
+			out.Values[i] = ec._AuditVerification_headSeq(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "headHash":
+			out.Values[i] = ec._AuditVerification_headHash(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "anchorPruned":
+			out.Values[i] = ec._AuditVerification_anchorPruned(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		case "brokenAt":
@@ -25589,6 +25892,14 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 		graphql.AddInvalidNullFromMarshaler(ctx, "__TypeKind!")
 	}
 	return res
+}
+
+func (ec *executionContext) unmarshalOAuditAnchorInput2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditAnchorInput(ctx context.Context, v any) (*model.AuditAnchorInput, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := ec.unmarshalInputAuditAnchorInput(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) unmarshalOAuditFilter2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditFilter(ctx context.Context, v any) (*model.AuditFilter, error) {

@@ -37,7 +37,10 @@ type Resolver struct {
 	Live  *Live
 	// Limiter shapes run starts per tenant; nil starts are not rate limited.
 	Limiter *tenants.RateLimiter
-	limits  tenants.LimitsCache // the limiter's limits
+	// AuditKeys key the audit log's chain: mutations are recorded under
+	// the first, auditVerify checks under all.
+	AuditKeys *audit.Keyring
+	limits    tenants.LimitsCache // the limiter's limits
 	// Webhooks manages webhook endpoints and deliveries.
 	Webhooks webhooks.Service
 	// Secrets seals the tenants' secrets.

@@ -39,7 +39,7 @@ func commands() []command {
 		{"bench", "run the end-to-end benchmarks against local PostgreSQL and Redis", runBench},
 		{"tenants", "administer tenants: `tenants create --name N --plan P` prints its id and first API key", runTenants},
 		{"token", "mint a development user token: `token --tenant ID --role ROLE`", runToken},
-		{"audit", "check a tenant's audit hash chain: `audit verify --tenant ID` (exit 1 when broken)", runAudit},
+		{"audit", "check a tenant's audit chain: `audit verify --tenant ID [--anchor SEQ:HASH]` (exit 1 when broken)", runAudit},
 	}
 }
 

@@ -82,6 +82,9 @@ func runDev(ctx context.Context, env *environment, args []string) error {
 	if len(cfg.WebhookSecretKeys) == 0 {
 		cfg.WebhookSecretKeys = []string{app.DevWebhookKey}
 	}
+	if len(cfg.AuditKeys) == 0 {
+		cfg.AuditKeys = []string{app.DevAuditKey}
+	}
 	if cfg.SweepInterval > time.Second {
 		cfg.SweepInterval = time.Second
 	}

@@ -18,6 +18,13 @@ import (
 	"github.com/google/uuid"
 )
 
+// A chain head saved from auditVerify (headSeq, headHash).
+type AuditAnchorInput struct {
+	Seq int64 `json:"seq"`
+	// 64 hexadecimal digits.
+	Hash string `json:"hash"`
+}
+
 type AuditConnection struct {
 	Edges    []AuditEdge `json:"edges"`
 	PageInfo *PageInfo   `json:"pageInfo"`
@@ -58,6 +65,13 @@ type AuditRecord struct {
 	Outcome string `json:"outcome"`
 	// A small object of the action's arguments (never a secret value, key secret or signing secret).
 	Detail json.RawMessage `json:"detail"`
+	// For a refused or failed action: how many more times the same principal's
+	// same action ended with the same outcome in the record's 10-minute window
+	// — counted into this record instead of recorded apiece (the count is not
+	// covered by the chain).
+	Repeats int `json:"repeats"`
+	// The newest of those repeats (null without any).
+	LastRepeatAt *time.Time `json:"lastRepeatAt,omitempty"`
 }
 
 type AuditVerification struct {
@@ -67,6 +81,14 @@ type AuditVerification struct {
 	// The oldest and newest kept records (null when there is none).
 	FirstSeq *int64 `json:"firstSeq,omitempty"`
 	LastSeq  *int64 `json:"lastSeq,omitempty"`
+	// How many of the checked records were written before the chain was keyed (plain sha256 hashes).
+	Legacy int `json:"legacy"`
+	// The chain's head: save both outside the database, and pass them back as an anchor later.
+	HeadSeq *int64 `json:"headSeq,omitempty"`
+	// The head's hash, 64 hexadecimal digits.
+	HeadHash *string `json:"headHash,omitempty"`
+	// The anchor names a record retention has since deleted: it was not checked.
+	AnchorPruned bool `json:"anchorPruned"`
 	// The first seq at which the chain does not hold (null when valid).
 	BrokenAt *int64  `json:"brokenAt,omitempty"`
 	Problem  *string `json:"problem,omitempty"`

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/billing"
 	"github.com/composer-dev/composer/console"
@@ -183,7 +184,9 @@ type Server struct {
 	Relay    *webhooks.Relay
 	// Secrets is the tenants' secret store (sealed with the webhooks' keys).
 	Secrets secrets.Service
-	caps    billing.CapCache
+	// AuditKeys key the audit log's chain (COMPOSER_AUDIT_KEY).
+	AuditKeys *audit.Keyring
+	caps      billing.CapCache
 	// Background are the server's other loops, run by Run until it stops.
 	Background []lifecycle.Service
 	// draining: shutdown began; /readyz answers 503 while the listener
@@ -268,6 +271,9 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.AuditKeys, err = AuditKeyring(d); err != nil {
+		return nil, err
+	}
 	s.Authn = &auth.Authenticator{DB: d.DB, JWT: jwt, Logger: d.Log.Named("auth")}
 	if s.Authz, err = auth.NewAuthorizer(); err != nil {
 		return nil, fmt.Errorf("authorizer: %w", err)
@@ -312,7 +318,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 	s.Background = append(s.Background, s.Poller)
 	names := stream.NewNames(d.Cfg.RedisNamespace)
 	sweeper = engine.NewSweeper(s.Coordinator, d.DB, engine.SweeperConfig{Interval: d.Cfg.SweepInterval,
-		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths,
+		LostDispatchAge: d.Cfg.LostDispatchAge, RetentionMonths: d.Cfg.RetentionMonths, AuditKeys: s.AuditKeys,
 		StillQueued: func(ctx context.Context, tenant uuid.UUID, tasks []uuid.UUID) ([]bool, error) {
 			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
@@ -336,7 +342,7 @@ func NewServer(d *Deps, o ServerOptions) (*Server, error) {
 		WithSecrets(s.secretReader()))
 	s.Mux.Handle("/graphql", graph.NewHandler(graph.Options{
 		Resolver: &graph.Resolver{DB: d.DB, Coord: s.Coordinator, Authz: s.Authz, Live: s.Live, Limiter: s.Limiter,
-			Webhooks: s.Webhooks, Secrets: s.Secrets, Workers: s.Poller, Schedules: s.Schedules, Log: d.Log.Named("graphql")},
+			AuditKeys: s.AuditKeys, Webhooks: s.Webhooks, Secrets: s.Secrets, Workers: s.Poller, Schedules: s.Schedules, Log: d.Log.Named("graphql")},
 		Authn: s.Authn, Dev: d.Cfg.Dev, AllowedOrigins: d.Cfg.AllowedOrigins, Log: d.Log.Named("graphql"),
 	}))
 	s.Mux.Handle("GET /schema.graphql", graph.SchemaHandler())

@@ -99,7 +99,7 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if !auth.PowerOf(p).Can(auth.ActionEventsWrite) {
 		err := errs.E(errs.Forbidden, "the API key lacks the %s scope", auth.ScopeEventsWrite)
-		h.audit(ctx, audit.NewEntry(p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", "", nil), err)
+		h.audit(ctx, audit.NewEntry(h.s.AuditKeys, p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", "", nil), err)
 		h.fail(w, err, "")
 		return
 	}
@@ -139,7 +139,7 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Audited like the publishEvent mutation: the record is sealed into
 	// the publish's transaction by its gate, or written after a refusal.
-	entry := audit.NewEntry(p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", in.ID, map[string]any{"name": in.Name, "via": "rest"})
+	entry := audit.NewEntry(h.s.AuditKeys, p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", in.ID, map[string]any{"name": in.Name, "via": "rest"})
 	ctx = engine.WithGate(audit.With(ctx, entry), func(ctx context.Context, tx *pg.Tx) error {
 		if err := h.s.Authz.Allowed(ctx, tx, p, auth.ActionEventsWrite); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine/taskserver"
 	"github.com/composer-dev/composer/internal/errs"
@@ -29,6 +31,34 @@ const DevJWTSecret = "composer-dev-only-secret-do-not-use-in-production"
 // COMPOSER_WEBHOOK_SECRET_KEY is unset (32 bytes, base64). Never use it in
 // production.
 const DevWebhookKey = "Y29tcG9zZXItZGV2LW9ubHktd2ViaG9vay1rZXkhISE="
+
+// DevAuditKey keys the audit chain under `composer dev` (and in tests)
+// when COMPOSER_AUDIT_KEY is unset (32 bytes, base64). It is public: a
+// chain keyed with it proves nothing. Never use it in production.
+const DevAuditKey = "Y29tcG9zZXItZGV2LW9ubHktYXVkaXQtY2hhaW4tayE="
+
+// AuditKeyring builds the audit chain's keyring from COMPOSER_AUDIT_KEY.
+// Without one, development mode uses DevAuditKey (with a warning) and
+// anything else refuses to start: a chain keyed by nothing outside the
+// database can be rewritten by whoever can write the table.
+func AuditKeyring(d *Deps) (*audit.Keyring, error) {
+	keys := d.Cfg.AuditKeys
+	if len(keys) == 0 {
+		if !d.Cfg.Dev {
+			return nil, errors.New("COMPOSER_AUDIT_KEY is not set: the audit log's chain is keyed by an operator key kept " +
+				"outside the database; generate one with `openssl rand -base64 32` (see docs/OPERATIONS.md, \"Audit log\")")
+		}
+		if d.Log != nil {
+			d.Log.Warn("the audit log is keyed with the public development key: set COMPOSER_AUDIT_KEY (openssl rand -base64 32) outside development")
+		}
+		keys = []string{DevAuditKey}
+	}
+	k, err := audit.ParseKeyring(keys)
+	if err != nil {
+		return nil, fmt.Errorf("COMPOSER_AUDIT_KEY: %w", err)
+	}
+	return k, nil
+}
 
 // JWTVerifier builds the user-token verifier from the configuration, or
 // returns nil when no key source is configured (then only API keys work).

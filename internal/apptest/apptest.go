@@ -76,6 +76,7 @@ func Config(env *testenv.Env) config.Config {
 	c.AllowPrivateNetworks = []string{"127.0.0.0/8", "::1/128"}
 	c.JWTHS256Secret = app.DevJWTSecret
 	c.WebhookSecretKeys = []string{app.DevWebhookKey}
+	c.AuditKeys = []string{app.DevAuditKey}
 	c.Dev = true
 	return c
 }
@@ -359,5 +360,6 @@ func (s *System) ProcessEnv() []string {
 		"COMPOSER_REDIS_NAMESPACE="+c.RedisNamespace, "COMPOSER_SERVER_URL="+s.URL, "COMPOSER_WORKER_TOKEN="+c.WorkerToken,
 		"COMPOSER_LEASE_TTL="+c.LeaseTTL.String(), "COMPOSER_CLAIM_IDLE="+c.ClaimIdle.String(),
 		"COMPOSER_SWEEP_INTERVAL="+c.SweepInterval.String(), "COMPOSER_LOST_DISPATCH_AGE="+c.LostDispatchAge.String(),
-		"COMPOSER_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128", "COMPOSER_LOG_LEVEL=warn", "COMPOSER_ADMIN_ADDR=127.0.0.1:0")
+		"COMPOSER_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128", "COMPOSER_LOG_LEVEL=warn", "COMPOSER_ADMIN_ADDR=127.0.0.1:0",
+		"COMPOSER_AUDIT_KEY="+strings.Join(c.AuditKeys, ","))
 }

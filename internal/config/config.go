@@ -135,6 +135,12 @@ type Config struct {
 	// bytes each; the first seals, all open). Without one, webhook
 	// endpoints cannot be created.
 	WebhookSecretKeys []string
+	// AuditKeys key the audit log's chain (base64, 32 bytes each; the
+	// first signs new records, all verify: list a new key first to rotate,
+	// and keep the old ones while records signed under them are kept). A
+	// server outside development mode does not start without one.
+	AuditKeys []string
+
 	// WebhookDisableAfter disables an endpoint failing without a success
 	// for this long.
 	WebhookDisableAfter time.Duration
@@ -251,6 +257,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.duration("COMPOSER_USAGE_ROLLUP_INTERVAL", &c.UsageRollupInterval, 10*time.Millisecond)
 	p.integer("COMPOSER_USAGE_RETENTION_DAYS", &c.UsageRetentionDays, 1, 3650)
 	p.list("COMPOSER_WEBHOOK_SECRET_KEY", &c.WebhookSecretKeys)
+	p.list("COMPOSER_AUDIT_KEY", &c.AuditKeys)
 	p.duration("COMPOSER_WEBHOOK_DISABLE_AFTER", &c.WebhookDisableAfter, time.Minute)
 	p.integer("COMPOSER_WEBHOOK_RETENTION_DAYS", &c.WebhookRetentionDays, 1, 3650)
 	p.duration("COMPOSER_WEBHOOK_TIMEOUT", &c.WebhookTimeout, 100*time.Millisecond)

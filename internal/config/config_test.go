@@ -28,8 +28,10 @@ func TestLoadReadsVariables(t *testing.T) {
 		"COMPOSER_LEASE_TTL":              "3s",
 		"COMPOSER_DEFAULT_STREAM_SHARDS":  "8",
 		"COMPOSER_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8, ::1/128",
+		"COMPOSER_AUDIT_KEY":              "bmV3, b2xk",
 	}))
 	require.NoError(t, err)
+	assert.Equal(t, []string{"bmV3", "b2xk"}, c.AuditKeys, "the signing key first, then the old ones")
 	assert.Equal(t, "postgres://a@db:5432/x", c.DatabaseURL)
 	assert.Equal(t, "redis://cache:6379/2", c.RedisURL)
 	assert.True(t, c.Dev)

@@ -112,7 +112,12 @@ type Tx struct {
 	failed       bool
 	afterCommit  []func()
 	beforeCommit []func(b *pgx.Batch)
+	readFirst    []readThenWrite
 }
+
+// readThenWrite is a before-commit step that reads before it writes (see
+// BeforeCommitRead).
+type readThenWrite struct{ read, write func(b *pgx.Batch) }
 
 // As is the transaction seen as scoped to tenant (tx.Tenant), for work a
 // system transaction does on a tenant's behalf — provisioning a tenant
@@ -133,9 +138,24 @@ func (t *Tx) AfterCommit(fn func()) { t.afterCommit = append(t.afterCommit, fn) 
 // BeforeCommit registers fn to queue statements that run last in the
 // transaction, in the round trip that commits it (after every statement of
 // the transaction's own work, CommitWith's batch included). A failure of
-// one of them rolls the whole transaction back. The audit log appends this
-// way, so the lock it takes is held only for that round trip.
+// one of them rolls the whole transaction back; a lock they take is held
+// only for that round trip.
 func (t *Tx) BeforeCommit(fn func(b *pgx.Batch)) { t.beforeCommit = append(t.beforeCommit, fn) }
+
+// BeforeCommitRead registers a before-commit step that must read before
+// it writes: read queues statements (reading their results through the
+// queued callbacks) into the round trip before the one that commits, after
+// every statement of the transaction's own work; write then queues what
+// goes with COMMIT. The audit log's keyed chain locks and reads the
+// tenant's chain head this way, computes the record's MAC in Go (the key
+// never reaches the database) and writes it, so the head's lock is held
+// for one round trip and the commit.
+func (t *Tx) BeforeCommitRead(read, write func(b *pgx.Batch)) {
+	t.readFirst = append(t.readFirst, readThenWrite{read: read, write: write})
+}
+
+// pendingBeforeCommit says whether before-commit steps are registered.
+func (t *Tx) pendingBeforeCommit() bool { return len(t.beforeCommit) > 0 || len(t.readFirst) > 0 }
 
 // queueBeforeCommit queues the registered before-commit statements into b,
 // once.
@@ -188,10 +208,25 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	return br
 }
 
-// CommitWith sends b followed by COMMIT in one round trip. If any statement
-// of b fails, the pipeline stops before the COMMIT and the transaction is
-// rolled back. Results are read through b's queued callbacks.
+// CommitWith sends b followed by COMMIT in one round trip (two when
+// BeforeCommitRead steps are registered: b with their reads, then their
+// writes with COMMIT). If any statement of b fails, the pipeline stops
+// before the COMMIT and the transaction is rolled back. Results are read
+// through b's queued callbacks.
 func (t *Tx) CommitWith(ctx context.Context, b *pgx.Batch) error {
+	if steps := t.readFirst; len(steps) > 0 {
+		t.readFirst = nil
+		for _, s := range steps {
+			s.read(b)
+		}
+		if err := t.send(ctx, b).Close(); err != nil {
+			return err
+		}
+		b = &pgx.Batch{}
+		for _, s := range steps {
+			s.write(b)
+		}
+	}
 	t.queueBeforeCommit(b)
 	b.Queue("COMMIT")
 	if err := t.send(ctx, b).Close(); err != nil {
@@ -357,7 +392,7 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	if len(tx.beforeCommit) > 0 && !tx.committed {
+	if tx.pendingBeforeCommit() && !tx.committed {
 		if err := tx.CommitWith(ctx, &pgx.Batch{}); err != nil {
 			return fmt.Errorf("commit: %w", err)
 		}

@@ -45,7 +45,7 @@ env:
   {{- end }}
 envFrom:
   - secretRef:
-      name: {{ required "existingSecret: the Secret holding the database URLs, Redis URL, worker token and webhook key" .Values.existingSecret }}
+      name: {{ required "existingSecret: the Secret holding the database URLs, Redis URL, worker token, webhook key and audit key" .Values.existingSecret }}
 {{- end -}}
 
 {{- define "composer.pod" -}}
