@@ -5,7 +5,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -98,54 +97,6 @@ func members(t *testing.T, env *testenv.Env, tenant uuid.UUID, subject string) i
 	return n
 }
 
-// terminate ends, as the role of url (a role may end its own backends),
-// every backend of that role in the test's database whose query matches
-// like ('%' for all), except its own, and waits until they are gone. It
-// returns how many it ended.
-func terminate(t *testing.T, url, like string) int {
-	t.Helper()
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer c.Close(ctx)
-	var pids []int32
-	require.NoError(t, c.QueryRow(ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
-		WHERE datname = current_database() AND usename = current_user AND pid <> pg_backend_pid() AND query LIKE $1`, like).Scan(&pids))
-	for _, pid := range pids {
-		_, err := c.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
-		require.NoError(t, err)
-	}
-	require.Eventually(t, func() bool {
-		var left int
-		require.NoError(t, c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&left))
-		return left == 0
-	}, 10*time.Second, 5*time.Millisecond, "the terminated backends to exit")
-	return len(pids)
-}
-
-// whenRunning waits until a backend of url's role runs a query matching
-// like, then does fn (with its connection); the returned channel closes
-// after.
-func whenRunning(t *testing.T, url, like string, fn func(c *pgx.Conn)) <-chan struct{} {
-	t.Helper()
-	done := make(chan struct{})
-	c, err := pgx.Connect(context.Background(), url)
-	require.NoError(t, err)
-	go func() {
-		defer close(done)
-		defer c.Close(context.Background())
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			var n int
-			if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-				AND pid <> pg_backend_pid() AND state = 'active' AND query LIKE $1`, like).Scan(&n); err != nil || n > 0 {
-				fn(c)
-				return
-			}
-		}
-	}()
-	return done
-}
-
 // TestATransactionOnADeadConnectionRunsAgainOnAFreshOne: the backends of
 // the pool's idle connections are terminated between two transactions;
 // the next transaction meets a dead connection, and runs again — once —
@@ -161,7 +112,7 @@ func TestATransactionOnADeadConnectionRunsAgainOnAFreshOne(t *testing.T) {
 		_, err := tx.Exec(ctx, "SELECT 1")
 		return err
 	}))
-	require.Positive(t, terminate(t, env.AppURL, "%"), "the pool's connection had a backend to terminate")
+	require.Positive(t, testenv.TerminateBackends(t, env.AppURL, "%"), "the pool's connection had a backend to terminate")
 
 	calls := 0
 	err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
@@ -178,7 +129,7 @@ func TestATransactionOnADeadConnectionRunsAgainOnAFreshOne(t *testing.T) {
 		_, err := tx.Exec(ctx, "SELECT 1")
 		return err
 	}))
-	require.Positive(t, terminate(t, env.SystemURL, "%"))
+	require.Positive(t, testenv.TerminateBackends(t, env.SystemURL, "%"))
 	calls = 0
 	require.NoError(t, db.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
 		calls++
@@ -198,7 +149,7 @@ func TestATransactionKilledInFlightRunsAgain(t *testing.T) {
 	tenant := newTenant(t, env)
 	db := pg.New(busyPool(t, env.AppURL, nil), busyPool(t, env.SystemURL, nil), false)
 
-	killed := whenRunning(t, env.AppURL, "%pg_sleep(30)%", func(c *pgx.Conn) {
+	killed := testenv.When(t, env.AppURL, "state = 'active' AND query LIKE '%pg_sleep(30)%'", func(c *pgx.Conn) {
 		_, _ = c.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep(30)%'`)
 	})
@@ -282,7 +233,7 @@ func TestAPipelineOnADeadConnectionRunsAgain(t *testing.T) {
 	warm := &pgx.Batch{}
 	warm.Queue(insertMember, tenant, "warm")
 	require.NoError(t, db.Pipeline(ctx, tenant, warm))
-	require.Positive(t, terminate(t, env.AppURL, "%"))
+	require.Positive(t, testenv.TerminateBackends(t, env.AppURL, "%"))
 
 	b := &pgx.Batch{}
 	var tag string
@@ -304,12 +255,12 @@ func TestUnscopedLookupsRunAgainOnAFreshConnection(t *testing.T) {
 
 	var n int
 	require.NoError(t, db.Unscoped().QueryRow(ctx, "SELECT $1::int", 1).Scan(&n))
-	require.Positive(t, terminate(t, env.AppURL, "%"))
+	require.Positive(t, testenv.TerminateBackends(t, env.AppURL, "%"))
 	require.NoError(t, db.Unscoped().QueryRow(ctx, "SELECT $1::int", 2).Scan(&n))
 	assert.Equal(t, 2, n)
 	assert.Equal(t, 3, tracer.times())
 
-	require.Positive(t, terminate(t, env.AppURL, "%"))
+	require.Positive(t, testenv.TerminateBackends(t, env.AppURL, "%"))
 	_, err := db.Unscoped().Exec(ctx, "SELECT $1::int", 3)
 	require.NoError(t, err)
 	// A lookup that finds nothing is not a lost connection.
@@ -334,7 +285,7 @@ func TestADatabaseThatIsDownIsUnavailable(t *testing.T) {
 	require.NoError(t, db.WithTenant(ctx, tenant, read))
 
 	// In flight: the connection is cut under a running statement.
-	went := whenRunning(t, env.AppURL, "%pg_sleep(5)%", func(*pgx.Conn) { proxy.Down() })
+	went := testenv.When(t, env.AppURL, "state = 'active' AND query LIKE '%pg_sleep(5)%'", func(*pgx.Conn) { proxy.Down() })
 	err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, "SELECT pg_sleep(5)")
 		return err

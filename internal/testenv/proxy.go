@@ -2,10 +2,14 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"net/url"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Proxy is a TCP proxy on loopback in front of a service (PostgreSQL), for
@@ -259,3 +263,101 @@ func (p *Proxy) close() {
 	p.Cut()
 	p.wg.Wait()
 }
+
+// TerminateBackends ends, as the role of url (a role may end its own
+// backends with pg_terminate_backend), every backend of that role in url's
+// database whose query matches like ('%' for all) except its own, and
+// waits until they are gone. It returns how many it ended.
+func TerminateBackends(t testing.TB, url, like string) int {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("testenv: terminate backends: %v", err)
+	}
+	defer c.Close(ctx)
+	var pids []int32
+	if err := c.QueryRow(ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
+		WHERE datname = current_database() AND usename = current_user AND pid <> pg_backend_pid() AND query LIKE $1`, like).Scan(&pids); err != nil {
+		t.Fatalf("testenv: terminate backends: %v", err)
+	}
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(p) FROM unnest($1::int[]) p`, pids); err != nil {
+		t.Fatalf("testenv: terminate backends: %v", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var left int
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&left); err != nil {
+			t.Fatalf("testenv: terminate backends: %v", err)
+		}
+		if left == 0 {
+			return len(pids)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: %d terminated backends still there after 10 s", left)
+		}
+	}
+}
+
+// When waits (up to 10 s) until a backend of url's database other than
+// its own satisfies cond, an SQL condition on pg_stat_activity (e.g.
+// "wait_event_type = 'Lock'"), then calls fn with its connection; the
+// channel closes after. For faults that must strike a request in flight.
+func When(t testing.TB, url, cond string, fn func(c *pgx.Conn)) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	c, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	go func() {
+		defer close(done)
+		defer c.Close(context.Background())
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			var n int
+			err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+				AND pid <> pg_backend_pid() AND (`+cond+`)`).Scan(&n)
+			if err != nil || n > 0 {
+				fn(c)
+				return
+			}
+		}
+	}()
+	return done
+}
+
+// LoseCommitWhen returns a query tracer (for the pool that connects
+// through p) that, the first time a statement for which match is true is
+// sent, makes p lose the answer to that connection's next COMMIT — the
+// commit of the transaction the statement is in.
+func (p *Proxy) LoseCommitWhen(match func(sql string, args []any) bool) pgx.QueryTracer {
+	return &commitLoser{p: p, match: match}
+}
+
+type commitLoser struct {
+	p     *Proxy
+	match func(sql string, args []any) bool
+	once  sync.Once
+}
+
+func (l *commitLoser) see(conn *pgx.Conn, sql string, args []any) {
+	if l.match(sql, args) {
+		l.once.Do(func() { l.p.LoseCommitAnswer(conn.PgConn().Conn().LocalAddr().String()) })
+	}
+}
+
+func (l *commitLoser) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.see(conn, d.SQL, d.Args)
+	return ctx
+}
+
+func (l *commitLoser) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (l *commitLoser) TraceBatchStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	for _, q := range d.Batch.QueuedQueries {
+		l.see(conn, q.SQL, q.Arguments)
+	}
+	return ctx
+}
+
+func (l *commitLoser) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (l *commitLoser) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
