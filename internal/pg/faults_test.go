@@ -79,6 +79,15 @@ func busyPool(t *testing.T, url string, tracer pgx.QueryTracer) *pgxpool.Pool {
 	return p
 }
 
+// proxied is a test database with a tenant, and a DB whose app role
+// reaches it through a proxy the test breaks.
+func proxied(t *testing.T) (*testenv.Env, uuid.UUID, *testenv.Proxy, *pg.DB) {
+	t.Helper()
+	env := testenv.NewPG(t)
+	proxy, url := testenv.ProxyURL(t, env.AppURL)
+	return env, newTenant(t, env), proxy, pg.New(busyPool(t, url, nil), busyPool(t, env.SystemURL, nil), false)
+}
+
 // newTenant makes a tenant row to scope transactions to.
 func newTenant(t *testing.T, env *testenv.Env) uuid.UUID {
 	t.Helper()
@@ -95,6 +104,17 @@ func members(t *testing.T, env *testenv.Env, tenant uuid.UUID, subject string) i
 		return tx.QueryRow(ctx, `SELECT count(*) FROM memberships WHERE tenant_id = $1 AND subject = $2`, tenant, subject).Scan(&n)
 	}))
 	return n
+}
+
+// insertCounted inserts member subject in a transaction of db and counts
+// the attempts it took.
+func insertCounted(ctx context.Context, db *pg.DB, tenant uuid.UUID, subject string) (calls int, err error) {
+	err = db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
+		calls++
+		_, err := tx.Exec(ctx, insertMember, tenant, subject)
+		return err
+	})
+	return calls, err
 }
 
 // TestATransactionOnADeadConnectionRunsAgainOnAFreshOne: the backends of
@@ -114,12 +134,7 @@ func TestATransactionOnADeadConnectionRunsAgainOnAFreshOne(t *testing.T) {
 	}))
 	require.Positive(t, testenv.TerminateBackends(t, env.AppURL, "%"), "the pool's connection had a backend to terminate")
 
-	calls := 0
-	err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		calls++
-		_, err := tx.Exec(ctx, insertMember, tenant, "ada")
-		return err
-	})
+	calls, err := insertCounted(ctx, db, tenant, "ada")
 	require.NoError(t, err)
 	assert.Equal(t, 2, calls, "the first attempt met the dead connection, the second ran on a fresh one")
 	assert.Equal(t, 1, members(t, env, tenant, "ada"))
@@ -177,19 +192,11 @@ func TestATransactionKilledInFlightRunsAgain(t *testing.T) {
 // committed), for a COMMIT of its own and one in CommitWith's round trip.
 func TestALostCommitAnswerIsOutcomeUnknown(t *testing.T) {
 	t.Parallel()
-	env := testenv.NewPG(t)
+	env, tenant, proxy, db := proxied(t)
 	ctx := context.Background()
-	tenant := newTenant(t, env)
-	proxy, url := testenv.ProxyURL(t, env.AppURL)
-	db := pg.New(busyPool(t, url, nil), busyPool(t, env.SystemURL, nil), false)
 
 	proxy.LoseCommitAnswer("")
-	calls := 0
-	err := db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
-		calls++
-		_, err := tx.Exec(ctx, insertMember, tenant, "grace")
-		return err
-	})
+	calls, err := insertCounted(ctx, db, tenant, "grace")
 	require.Error(t, err)
 	assert.Equal(t, errs.OutcomeUnknown, errs.KindOf(err), "%v", err)
 	assert.Equal(t, "outcome unknown: retry with the same idempotency key", errs.PublicMessage(err))
@@ -273,11 +280,8 @@ func TestUnscopedLookupsRunAgainOnAFreshConnection(t *testing.T) {
 // is back, the next succeeds.
 func TestADatabaseThatIsDownIsUnavailable(t *testing.T) {
 	t.Parallel()
-	env := testenv.NewPG(t)
+	env, tenant, proxy, db := proxied(t)
 	ctx := context.Background()
-	tenant := newTenant(t, env)
-	proxy, url := testenv.ProxyURL(t, env.AppURL)
-	db := pg.New(busyPool(t, url, nil), busyPool(t, env.SystemURL, nil), false)
 	read := func(ctx context.Context, tx *pg.Tx) error {
 		_, err := tx.Exec(ctx, "SELECT 1")
 		return err

@@ -223,16 +223,7 @@ func (p *Proxy) Cut() int {
 
 // Down cuts every connection and refuses new ones (connection refused)
 // until Up.
-func (p *Proxy) Down() {
-	p.mu.Lock()
-	ln := p.ln
-	p.ln = nil
-	p.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-	}
-	p.Cut()
-}
+func (p *Proxy) Down() { p.stop(false) }
 
 // Up accepts connections again, on the same address.
 func (p *Proxy) Up() {
@@ -252,8 +243,15 @@ func (p *Proxy) Up() {
 }
 
 func (p *Proxy) close() {
+	p.stop(true)
+	p.wg.Wait()
+}
+
+// stop closes the listener and cuts every connection; for good (closed)
+// when the test ends.
+func (p *Proxy) stop(closed bool) {
 	p.mu.Lock()
-	p.closed = true
+	p.closed = p.closed || closed
 	ln := p.ln
 	p.ln = nil
 	p.mu.Unlock()
@@ -261,7 +259,6 @@ func (p *Proxy) close() {
 		ln.Close()
 	}
 	p.Cut()
-	p.wg.Wait()
 }
 
 // TerminateBackends ends, as the role of url (a role may end its own

@@ -118,10 +118,8 @@ func TestWaitRunWaitsForATerminalStatus(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	polls := &counter{match: "runStatus"}
-	c, err := client.New(sys.URL, sys.APIKey(auth.ScopeRunsRead, auth.ScopeRunsWrite), client.Options{HTTPClient: &http.Client{Transport: polls}})
-	require.NoError(t, err)
-	wf := sys.Workflow(`{"nodes":[{"id":"go","type":"wait","wait":{"signal":"go"}}]}`)
-	_, err = c.PauseWorkflow(ctx, wf.String(), "hold")
+	c, wf := backendOf(t, sys, polls)
+	_, err := c.PauseWorkflow(ctx, wf.String(), "hold")
 	require.NoError(t, err)
 	run, _, err := c.StartRun(ctx, client.Start{WorkflowID: wf.String()})
 	require.NoError(t, err)
@@ -135,11 +133,7 @@ func TestWaitRunWaitsForATerminalStatus(t *testing.T) {
 		waited <- r
 	}()
 	require.Eventually(t, func() bool { return polls.times() >= 3 }, 30*time.Second, 5*time.Millisecond, "WaitRun polls the queued run")
-	select {
-	case r := <-waited:
-		t.Fatalf("WaitRun returned a %s run", r.Status)
-	default:
-	}
+	notYet(t, waited)
 	_, err = c.ResumeWorkflow(ctx, wf.String())
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -148,15 +142,30 @@ func TestWaitRunWaitsForATerminalStatus(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond)
 	seen := polls.times()
 	require.Eventually(t, func() bool { return polls.times() >= seen+2 }, 30*time.Second, 5*time.Millisecond, "WaitRun polls the running run")
+	notYet(t, waited)
+	_, err = c.Signal(ctx, run.ID, "go", nil, "")
+	require.NoError(t, err)
+	r := <-waited
+	assert.Equal(t, "COMPLETED", r.Status)
+}
+
+// backendOf is a backend's client (runs:read and runs:write) whose calls
+// pass through transport, and a workflow waiting for the signal "go".
+func backendOf(t *testing.T, sys *apptest.System, transport http.RoundTripper) (*client.Client, uuid.UUID) {
+	t.Helper()
+	c, err := client.New(sys.URL, sys.APIKey(auth.ScopeRunsRead, auth.ScopeRunsWrite), client.Options{HTTPClient: &http.Client{Transport: transport}})
+	require.NoError(t, err)
+	return c, sys.Workflow(`{"nodes":[{"id":"go","type":"wait","wait":{"signal":"go"}}]}`)
+}
+
+// notYet fails the test if WaitRun has returned.
+func notYet(t *testing.T, waited <-chan *client.Run) {
+	t.Helper()
 	select {
 	case r := <-waited:
 		t.Fatalf("WaitRun returned a %s run", r.Status)
 	default:
 	}
-	_, err = c.Signal(ctx, run.ID, "go", nil, "")
-	require.NoError(t, err)
-	r := <-waited
-	assert.Equal(t, "COMPLETED", r.Status)
 }
 
 // TestTheClientRepeatsWhatTheServerCouldNotFinish: a start whose commit's
@@ -173,9 +182,7 @@ func TestTheClientRepeatsWhatTheServerCouldNotFinish(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	answers := &counter{match: "startRun"}
-	c, err := client.New(sys.URL, sys.APIKey(auth.ScopeRunsRead, auth.ScopeRunsWrite), client.Options{HTTPClient: &http.Client{Transport: answers}})
-	require.NoError(t, err)
-	wf := sys.Workflow(`{"nodes":[{"id":"go","type":"wait","wait":{"signal":"go"}}]}`)
+	c, wf := backendOf(t, sys, answers)
 	runsOf := func() []string {
 		rows, err := env.System.Query(ctx, `SELECT id::text FROM workflow_runs WHERE tenant_id = $1 ORDER BY id`, sys.Tenant)
 		require.NoError(t, err)

@@ -387,7 +387,7 @@ func TestACompletedTaskIsNoLostLease(t *testing.T) {
 		}
 		return http.DefaultTransport.RoundTrip(r)
 	})
-	var logs lockedBuffer
+	logs := &logged{}
 	_, stop, _ := sys.StartSDKWorker(func(w *worker.Worker) {
 		w.HandleRaw("quick", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
 			<-renewSent // a heartbeat for this task is on its way
@@ -396,7 +396,7 @@ func TestACompletedTaskIsNoLostLease(t *testing.T) {
 	}, apptest.SDKWorkerOptions{Options: func(o *worker.Options) {
 		o.LeaseTTL = 3 * time.Second // a heartbeat every second, each given a second
 		o.HTTPClient = &http.Client{Transport: transport}
-		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		o.Logger = slog.New(logs)
 	}})
 	run, _ := sys.WaitRun(sys.StartRun(sys.Workflow(`{"nodes":[{"id":"q","type":"task","task":{"handler":"quick"}}]}`), `{}`), 20*time.Second)
 	require.Equal(t, "completed", run.Status)
@@ -408,27 +408,34 @@ func TestACompletedTaskIsNoLostLease(t *testing.T) {
 	}
 	assert.Equal(t, []bool{false}, held, "the heartbeat was answered after the task was done")
 	stop() // the renew loop has handled the answer once Run returned
-	assert.NotContains(t, logs.String(), "lease lost")
+	assert.Contains(t, logs.messages(), "worker stopped")
+	assert.NotContains(t, logs.messages(), "lease lost")
 }
 
 type roundTrip func(*http.Request) (*http.Response, error)
 
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// lockedBuffer is a log sink safe for the worker's goroutines.
-type lockedBuffer struct {
+// logged is a slog handler keeping the messages the worker logged (safe
+// for its goroutines).
+type logged struct {
 	mu  sync.Mutex
-	buf bytes.Buffer
+	msg []string
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
+func (l *logged) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logged) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logged) WithGroup(string) slog.Handler            { return l }
+
+func (l *logged) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msg = append(l.msg, r.Message)
+	return nil
 }
 
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+func (l *logged) messages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msg...)
 }
