@@ -133,17 +133,6 @@ func KindOf(err error) Kind {
 	return Internal
 }
 
-// Retryable reports whether the same request may succeed when repeated:
-// the store is back, or (OutcomeUnknown) the repeat finds what the first
-// did.
-func Retryable(err error) bool {
-	switch KindOf(err) {
-	case Unavailable, OutcomeUnknown, RateLimited:
-		return err != nil
-	}
-	return false
-}
-
 // RetryAfter is the hint of when err's request may be repeated: its own,
 // or RetryAfterDefault for Unavailable and OutcomeUnknown; 0 for errors
 // that repeating will not fix.
