@@ -47,6 +47,7 @@ type startAnswer struct {
 	latency time.Duration
 	ok      bool
 	err     string
+	code    string // extensions.code of a refused start
 }
 
 func (s *starter) start(i int, tag string) {
@@ -67,14 +68,17 @@ func (s *starter) start(i int, tag string) {
 			Data struct {
 				StartRun *struct{ Run struct{ ID string } }
 			}
-			Errors []struct{ Message string }
+			Errors []struct {
+				Message    string
+				Extensions struct{ Code string }
+			}
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		_ = json.Unmarshal(b, &out)
 		switch {
 		case len(out.Errors) > 0:
-			a.err = out.Errors[0].Message
+			a.err, a.code = out.Errors[0].Message, out.Errors[0].Extensions.Code
 		case out.Data.StartRun == nil || out.Data.StartRun.Run.ID == "":
 			a.err = fmt.Sprintf("%d %s", resp.StatusCode, b)
 		default:
@@ -138,9 +142,10 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 //   - Redis is frozen (SIGSTOP) for 15 s while starts go on.
 //
 // After each, every run is terminal — completed, each step once — within
-// a lease TTL plus 10 s of the store coming back; during the freeze no
-// start answers failure for a run it committed (checked by idempotency
-// key), and the start latencies are reported.
+// a lease TTL plus 10 s of the store coming back; a start that fails
+// answers UNAVAILABLE or OUTCOME_UNKNOWN, never INTERNAL; during the
+// freeze no start answers failure for a run it committed (checked by
+// idempotency key), and the start latencies are reported.
 func TestStoresRestartedUnderLoadRecoverWithinALeaseTTL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the store-fault test takes about two minutes; run without -short")
@@ -282,6 +287,8 @@ func TestStoresRestartedUnderLoadRecoverWithinALeaseTTL(t *testing.T) {
 		for _, a := range answers {
 			if !a.ok {
 				failed++
+				// A store fault is answered for what it is, never INTERNAL.
+				assert.Contains(t, []string{"UNAVAILABLE", "OUTCOME_UNKNOWN"}, a.code, "%s: start %s answered %q", fault, a.key, a.err)
 			}
 		}
 		figures = append(figures, figure{fault, took, len(answers), failed, redispatched() - before})

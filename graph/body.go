@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strconv"
 
 	"go.uber.org/zap"
 
@@ -70,6 +71,7 @@ func authenticate(a *auth.Authenticator, log *zap.Logger, next http.Handler) htt
 			status, kind := http.StatusUnauthorized, errs.KindOf(err)
 			if kind == errs.Unavailable {
 				status = http.StatusServiceUnavailable
+				w.Header().Set("Retry-After", strconv.Itoa(int(errs.RetryAfter(err).Seconds()+0.999)))
 			} else {
 				w.Header().Set("WWW-Authenticate", "Bearer")
 			}

@@ -41,16 +41,18 @@ func presentError(log *zap.Logger) graphql.ErrorPresenterFunc {
 		out.Message = errs.PublicMessage(err)
 		out.Extensions = map[string]any{"code": string(kind)}
 		var e *errs.Error
-		if errors.As(err, &e) {
-			if len(e.Fields) > 0 {
-				out.Extensions["problems"] = e.Fields
-			}
-			if e.RetryAfter > 0 {
-				out.Extensions["retryAfterSeconds"] = int(e.RetryAfter.Seconds() + 0.999)
-			}
+		if errors.As(err, &e) && len(e.Fields) > 0 {
+			out.Extensions["problems"] = e.Fields
 		}
-		if kind == errs.Internal {
+		if after := errs.RetryAfter(err); after > 0 {
+			out.Extensions["retryAfterSeconds"] = int(after.Seconds() + 0.999)
+		}
+		switch kind {
+		case errs.Internal:
 			log.Error("graphql resolver failed", append(obs.LogFields(ctx), zap.String("path", out.Path.String()), zap.String("error", causeText))...)
+		case errs.Unavailable, errs.OutcomeUnknown:
+			log.Warn("graphql resolver met a store fault", append(obs.LogFields(ctx), zap.String("path", out.Path.String()),
+				zap.String("code", string(kind)), zap.String("error", causeText))...)
 		}
 		return out
 	}

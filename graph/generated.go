@@ -357,6 +357,7 @@ type ComplexityRoot struct {
 		Timeline        func(childComplexity int, first *int) int
 		UpdatedAt       func(childComplexity int) int
 		Workflow        func(childComplexity int) int
+		WorkflowID      func(childComplexity int) int
 		WorkflowVersion func(childComplexity int) int
 	}
 
@@ -2443,6 +2444,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Run.Workflow(childComplexity), true
+	case "Run.workflowId":
+		if e.ComplexityRoot.Run.WorkflowID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.WorkflowID(childComplexity), true
 	case "Run.workflowVersion":
 		if e.ComplexityRoot.Run.WorkflowVersion == nil {
 			break
@@ -4299,6 +4306,8 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_id(ctx, field)
 	case "workflow":
 		return ec.fieldContext_Run_workflow(ctx, field)
+	case "workflowId":
+		return ec.fieldContext_Run_workflowId(ctx, field)
 	case "workflowVersion":
 		return ec.fieldContext_Run_workflowVersion(ctx, field)
 	case "status":
@@ -12558,6 +12567,29 @@ func (ec *executionContext) fieldContext_Run_workflow(_ context.Context, field g
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _Run_workflowId(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_workflowId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.WorkflowID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v uuid.UUID) graphql.Marshaler {
+			return ec.marshalNID2githubᚗcomᚋgoogleᚋuuidᚐUUID(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Run_workflowId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "ID")
 }
 
 func (ec *executionContext) _Run_workflowVersion(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -21989,6 +22021,11 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Run_workflow(ctx, field, obj)
 				})
+		case "workflowId":
+			out.Values[i] = ec._Run_workflowId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
 		case "workflowVersion":
 			out.Values[i] = ec._Run_workflowVersion(ctx, field, obj)
 			if out.Values[i] == graphql.Null {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/internal/app"
+	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/tenants"
 )
 
@@ -39,10 +39,16 @@ func runTenants(ctx context.Context, env *environment, args []string) error {
 	}
 	defer d.Close()
 	p, err := app.ProvisionTenant(ctx, d, tenants.CreateParams{Name: *name, Plan: *plan, StreamShards: *shards}, "composer tenants create")
+	if errs.KindOf(err) == errs.OutcomeUnknown {
+		// (A lost connection before the commit is retried by the database
+		// layer; this is the one case it cannot decide.)
+		return fmt.Errorf("the database's answer to the commit was lost: tenant %q may or may not have been created, and its key "+
+			"cannot be shown; look for it (SELECT id, created_at FROM tenants WHERE name = '…') before creating it again: %w", *name, err)
+	}
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(os.Stdout)
+	enc := json.NewEncoder(env.out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(map[string]any{"tenant_id": p.Tenant.ID, "name": p.Tenant.Name, "plan": p.Tenant.Plan,
 		"stream_shards": p.Tenant.StreamShards, "api_key": p.APIKey, "api_key_id": p.KeyID,

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -28,6 +29,7 @@ type command struct {
 type environment struct {
 	cfg config.Config
 	log *zap.Logger
+	out io.Writer // what a command prints (os.Stdout)
 }
 
 func commands() []command {
@@ -101,7 +103,7 @@ func execute(c command, args []string) int {
 	}
 	defer shutdown(context.Background()) //nolint:errcheck
 
-	if err := c.run(ctx, &environment{cfg: cfg, log: log.Named(c.name)}, args); err != nil && !errors.Is(err, context.Canceled) {
+	if err := c.run(ctx, &environment{cfg: cfg, log: log.Named(c.name), out: os.Stdout}, args); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("composer "+c.name+" failed", zap.Error(err))
 		return 1
 	}

@@ -165,19 +165,17 @@ func unknownField(err error) (string, bool) {
 	return field, err == nil
 }
 
-var statusOf = map[errs.Kind]int{
-	errs.Invalid: http.StatusBadRequest, errs.NotFound: http.StatusNotFound, errs.Conflict: http.StatusConflict,
-	errs.Unauthenticated: http.StatusUnauthorized, errs.Forbidden: http.StatusForbidden,
-	errs.RateLimited: http.StatusTooManyRequests, errs.QuotaExceeded: http.StatusTooManyRequests,
-	errs.Unavailable: http.StatusServiceUnavailable,
-}
-
 func (s *Server) writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	kind := errs.KindOf(err)
-	status, ok := statusOf[kind]
-	if !ok {
-		status = http.StatusInternalServerError
+	status := errs.HTTPStatus(kind)
+	switch {
+	case status == http.StatusInternalServerError:
 		s.log.Error("task API request failed", append(obs.LogFields(ctx), zap.Error(err))...)
+	case kind == errs.Unavailable || kind == errs.OutcomeUnknown:
+		s.log.Warn("task API request met a store fault", append(obs.LogFields(ctx), zap.String("code", string(kind)), zap.Error(err))...)
+	}
+	if after := errs.RetryAfter(err); after > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(after.Seconds()+0.999)))
 	}
 	var body taskapi.ErrorResponse
 	body.Error.Code, body.Error.Message = string(kind), errs.PublicMessage(err)

@@ -78,13 +78,6 @@ type eventsHandler struct {
 	limits tenants.LimitsCache
 }
 
-var eventStatus = map[errs.Kind]int{
-	errs.Invalid: http.StatusBadRequest, errs.NotFound: http.StatusNotFound, errs.Conflict: http.StatusConflict,
-	errs.Unauthenticated: http.StatusUnauthorized, errs.Forbidden: http.StatusForbidden,
-	errs.RateLimited: http.StatusTooManyRequests, errs.QuotaExceeded: http.StatusTooManyRequests,
-	errs.Unavailable: http.StatusServiceUnavailable,
-}
-
 func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -182,10 +175,12 @@ func (h *eventsHandler) audit(ctx context.Context, e *audit.Entry, err error) {
 
 func (h *eventsHandler) fail(w http.ResponseWriter, err error, field string) {
 	kind := errs.KindOf(err)
-	status, ok := eventStatus[kind]
-	if !ok {
-		status = http.StatusInternalServerError
+	status := errs.HTTPStatus(kind)
+	if status == http.StatusInternalServerError {
 		h.s.Log.Error("event publish failed", zap.Error(err))
+	}
+	if after := errs.RetryAfter(err); after > 0 && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", strconv.Itoa(int(after.Seconds()+0.999)))
 	}
 	writeJSON(w, status, map[string]ErrorBody{"error": {Code: string(kind), Message: errs.PublicMessage(err), Field: field}})
 }

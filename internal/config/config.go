@@ -41,7 +41,8 @@ type Config struct {
 	// HTTPAddr is where `composer server` listens (GraphQL and the task API).
 	HTTPAddr string
 	// AdminAddr is the operator's listener: /metrics, /healthz, /readyz
-	// (empty: none). Keep it off the public network.
+	// (empty: none — COMPOSER_ADMIN_ADDR set to "" turns it off; unset
+	// keeps the default). Keep it off the public network.
 	AdminAddr string
 	// ServerURL is where workers reach the task API.
 	ServerURL string
@@ -230,7 +231,7 @@ func load(lookup func(string) (string, bool)) (Config, error) {
 	p.integer("COMPOSER_BULK_PARALLEL", &c.BulkParallel, 1, 64)
 	p.duration("COMPOSER_DRAIN_DELAY", &c.DrainDelay, 0)
 	p.str("COMPOSER_HTTP_ADDR", &c.HTTPAddr)
-	p.str("COMPOSER_ADMIN_ADDR", &c.AdminAddr)
+	p.orOff("COMPOSER_ADMIN_ADDR", &c.AdminAddr)
 	p.url("COMPOSER_SERVER_URL", &c.ServerURL, "http", "https")
 	p.str("COMPOSER_WORKER_TOKEN", &c.WorkerToken)
 	p.boolean("COMPOSER_DEV", &c.Dev)
@@ -287,6 +288,14 @@ func (p *parser) fail(name, format string, args ...any) {
 func (p *parser) str(name string, dst *string) {
 	if v, ok := p.get(name); ok {
 		*dst = v
+	}
+}
+
+// orOff is str for a setting that an empty value turns off: unset keeps
+// the default, set to "" (or blanks) clears it.
+func (p *parser) orOff(name string, dst *string) {
+	if v, ok := p.lookup(name); ok {
+		*dst = strings.TrimSpace(v)
 	}
 }
 

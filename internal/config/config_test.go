@@ -100,3 +100,20 @@ func TestRedisNamespaceHoldsNoHashTag(t *testing.T) {
 	_, err := load(env(map[string]string{"COMPOSER_REDIS_NAMESPACE": "prod{eu}"}))
 	require.ErrorContains(t, err, "COMPOSER_REDIS_NAMESPACE")
 }
+
+// TestAnEmptyAdminAddrTurnsTheListenerOff: COMPOSER_ADMIN_ADDR set to ""
+// means no operator listener, as the README says; unset keeps the
+// default; set, it is used.
+func TestAnEmptyAdminAddrTurnsTheListenerOff(t *testing.T) {
+	c, err := load(env(nil))
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:9090", c.AdminAddr, "unset: the default")
+	for _, off := range []string{"", "  "} {
+		c, err = load(env(map[string]string{"COMPOSER_ADMIN_ADDR": off}))
+		require.NoError(t, err)
+		assert.Empty(t, c.AdminAddr, "set to %q: off", off)
+	}
+	c, err = load(env(map[string]string{"COMPOSER_ADMIN_ADDR": " 127.0.0.1:9191 "}))
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:9191", c.AdminAddr)
+}

@@ -12,6 +12,14 @@
 // Unscoped is the one way to the app role without a tenant, for the
 // security-definer lookups that find a credential's tenant.
 //
+// A connection that fails is handled by what it proves. A transaction
+// whose connection died before its COMMIT was sent never committed, so it
+// runs again on a fresh connection (fn must be safe to repeat, as for
+// deadlocks); so does a pipeline whose connection failed before anything
+// of it ran. A connection that died after COMMIT was sent leaves the
+// outcome unknown: that is errs.OutcomeUnknown, never retried here. What
+// cannot reach the database is errs.Unavailable.
+//
 // A DB is safe for concurrent use.
 package pg
 
@@ -70,8 +78,10 @@ func (db *DB) System() Querier { return db.system }
 
 // Unscoped is the app role with no tenant: row-level security shows it
 // nothing but what security-definer functions hand out. It exists for the
-// lookups that find a presented credential's tenant (API keys).
-func (db *DB) Unscoped() Querier { return db.app }
+// lookups that find a presented credential's tenant (API keys). Its
+// statements must be safe to repeat (lookups, stamps): an Exec or QueryRow
+// whose connection was lost runs again on a fresh connection.
+func (db *DB) Unscoped() Querier { return repeatable{db.app} }
 
 // Ping checks both pools reach the database.
 func (db *DB) Ping(ctx context.Context) error {
@@ -103,12 +113,15 @@ func (db *DB) Close() {
 // QueryRow and SendBatch are exactly those of the caller's statements.
 type Tx struct {
 	// Tenant is the transaction's tenant; uuid.Nil in a system transaction.
-	Tenant       uuid.UUID
-	localOutbox  bool
-	conn         *pgxpool.Conn
-	begun        bool
-	began        time.Time
-	committed    bool
+	Tenant      uuid.UUID
+	localOutbox bool
+	conn        *pgxpool.Conn
+	begun       bool
+	began       time.Time
+	committed   bool
+	// commitSent is set once COMMIT may have reached the server: a
+	// connection lost after it leaves the outcome unknown.
+	commitSent   bool
 	failed       bool
 	afterCommit  []func()
 	beforeCommit []func(b *pgx.Batch)
@@ -213,6 +226,10 @@ func (t *Tx) send(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 // writes with COMMIT). If any statement of b fails, the pipeline stops
 // before the COMMIT and the transaction is rolled back. Results are read
 // through b's queued callbacks.
+//
+// When the connection fails after the round trip carrying COMMIT was sent,
+// whether it committed is unknown: the error is then of kind
+// errs.OutcomeUnknown.
 func (t *Tx) CommitWith(ctx context.Context, b *pgx.Batch) error {
 	if steps := t.readFirst; len(steps) > 0 {
 		t.readFirst = nil
@@ -229,14 +246,32 @@ func (t *Tx) CommitWith(ctx context.Context, b *pgx.Batch) error {
 	}
 	t.queueBeforeCommit(b)
 	b.Queue("COMMIT")
+	closed := t.conn.Conn().IsClosed()
+	t.commitSent = true
 	if err := t.send(ctx, b).Close(); err != nil {
-		return err
+		return t.commitFailed(err, closed)
 	}
 	if st := t.conn.Conn().PgConn().TxStatus(); st != 'I' {
 		return fmt.Errorf("commit: transaction still open (status %q)", st)
 	}
 	t.committed = true
 	return nil
+}
+
+// commitFailed classifies the failure of the round trip that carried
+// COMMIT: nothing of it was sent (the connection was closed before it, or
+// the batch failed while being prepared), it failed on the server (the
+// transaction rolled back, the connection is fine), or the connection
+// died with the answer outstanding — the outcome is unknown.
+func (t *Tx) commitFailed(err error, closedBefore bool) error {
+	switch {
+	case closedBefore || unprepared(err):
+		t.commitSent = false
+		return err
+	case t.conn.Conn().IsClosed():
+		return errs.Unknown(err)
+	}
+	return err
 }
 
 // SendBatch sends a pipelined batch; read its results through the queued
@@ -323,14 +358,29 @@ func (b failedBatch) QueryRow() pgx.Row                { return errRow{b.err} }
 func (b failedBatch) Close() error                     { return b.err }
 func (b failedBatch) Tx() pgx.Tx                       { return nil }
 
-// maxAttempts bounds retries of transactions that lost a deadlock or a
-// serialization conflict; those are safe to retry from the start.
+// maxAttempts bounds the attempts of a transaction that lost a deadlock
+// or a serialization conflict; those are safe to retry from the start.
 const maxAttempts = 4
+
+// connAttempts bounds the attempts of work whose connection was lost
+// before any of it could have committed: the first on whatever connection
+// the pool gives, the others on connections checked alive.
+const connAttempts = 3
+
+// again says whether a failed attempt may run again, and why.
+type again int
+
+const (
+	final    again = iota
+	conflict       // a deadlock or serialization failure: PostgreSQL rolled it back
+	lost           // the connection died before anything could commit
+)
 
 // WithTenant runs fn in a transaction as composer_app scoped to tenant.
 // fn may be called again if the transaction hits a deadlock or a
-// serialization failure, so it must not have effects outside the
-// transaction (use AfterCommit for those).
+// serialization failure, or loses its connection before COMMIT, so it
+// must not have effects outside the transaction (use AfterCommit for
+// those).
 func (db *DB) WithTenant(ctx context.Context, tenant uuid.UUID, fn func(ctx context.Context, tx *Tx) error) error {
 	if tenant == uuid.Nil {
 		return errs.E(errs.Unauthenticated, "no tenant")
@@ -345,19 +395,32 @@ func (db *DB) WithSystem(ctx context.Context, fn func(ctx context.Context, tx *T
 }
 
 func run(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox bool, fn func(ctx context.Context, tx *Tx) error) error {
+	losses := 0
 	for attempt := 1; ; attempt++ {
-		err := once(ctx, pool, tenant, localOutbox, fn)
-		if err == nil || attempt == maxAttempts || !retryable(err) || ctx.Err() != nil {
+		why, err := once(ctx, pool, tenant, localOutbox, losses > 0, fn)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		switch why {
+		case conflict:
+			if attempt >= maxAttempts {
+				return err
+			}
+		case lost:
+			if losses++; losses >= connAttempts {
+				return err
+			}
+		default:
 			return err
 		}
 		lifecycle.Sleep(ctx, time.Duration(attempt)*5*time.Millisecond)
 	}
 }
 
-func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox bool, fn func(ctx context.Context, tx *Tx) error) (err error) {
-	conn, err := pool.Acquire(ctx)
+func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox, fresh bool, fn func(ctx context.Context, tx *Tx) error) (why again, err error) {
+	conn, err := acquire(ctx, pool, fresh)
 	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
+		return lost, errs.Lost(fmt.Errorf("acquire connection: %w", err))
 	}
 	tx := &Tx{Tenant: tenant, localOutbox: localOutbox, conn: conn}
 	// A transaction made while a recording span is in the context (a
@@ -382,7 +445,7 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 		}
 	}
 	defer func() {
-		if tx.begun && !tx.committed && err != nil {
+		if tx.begun && !tx.committed && err != nil && !conn.Conn().IsClosed() {
 			// A connection left in a transaction is destroyed by the pool
 			// on release, so a failed rollback cannot leak the tenant.
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -390,31 +453,93 @@ func once(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, localOutbox
 		release()
 	}()
 	if err := fn(ctx, tx); err != nil {
-		return err
+		return tx.failure(ctx, err)
 	}
 	if tx.pendingBeforeCommit() && !tx.committed {
 		if err := tx.CommitWith(ctx, &pgx.Batch{}); err != nil {
-			return fmt.Errorf("commit: %w", err)
+			return tx.failure(ctx, fmt.Errorf("commit: %w", err))
 		}
 	}
 	// (Unless nothing was sent, or fn committed with its last batch.)
 	if tx.begun && !tx.committed {
+		closed := conn.Conn().IsClosed()
+		tx.commitSent = true
 		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return fmt.Errorf("commit: %w", err)
+			return tx.failure(ctx, tx.commitFailed(fmt.Errorf("commit: %w", err), closed))
 		}
 		if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
-			return fmt.Errorf("commit: transaction still open (status %q)", st)
+			return final, fmt.Errorf("commit: transaction still open (status %q)", st)
 		}
 	}
 	// The after-commit hooks talk to Redis and the network, not to this
 	// transaction: the connection goes back to the pool before they run.
 	release()
-	return runHooks(tx)
+	return final, runHooks(tx)
 }
 
-func retryable(err error) bool {
+// failure says what a failed attempt's error means and whether the
+// attempt may run again.
+func (t *Tx) failure(ctx context.Context, err error) (again, error) {
+	switch {
+	case t.committed || errs.KindOf(err) == errs.OutcomeUnknown:
+		return final, err
+	case !t.commitSent && t.conn.Conn().IsClosed():
+		// The connection died with the transaction open: PostgreSQL
+		// rolled it back, so nothing of it happened.
+		var kinded *errs.Error
+		if !errors.As(err, &kinded) && ctx.Err() == nil {
+			err = errs.Lost(err)
+		}
+		return lost, err
+	case rolledBack(err):
+		return conflict, err
+	}
+	return final, err
+}
+
+// acquire takes a connection from pool; fresh (a retry after a lost
+// connection) checks it is alive first, replacing dead ones — after a
+// server restart or a mass termination every idle connection may be dead.
+func acquire(ctx context.Context, pool *pgxpool.Pool, fresh bool) (*pgxpool.Conn, error) {
+	for tries := 0; ; tries++ {
+		conn, err := pool.Acquire(ctx)
+		if err != nil || !fresh {
+			return conn, err
+		}
+		perr := conn.Ping(ctx)
+		if perr == nil {
+			return conn, nil
+		}
+		conn.Release() // (the pool destroys a closed connection)
+		if ctx.Err() != nil || tries >= int(pool.Stat().MaxConns()) {
+			return nil, perr
+		}
+	}
+}
+
+// rolledBack reports a deadlock or serialization failure: the server
+// rolled the transaction back and it may run again from the start.
+func rolledBack(err error) bool {
 	var pg *pgconn.PgError
 	return errors.As(err, &pg) && (pg.Code == "40001" || pg.Code == "40P01")
+}
+
+// unprepared reports a batch that failed while being prepared: pgx sends
+// its statements' executions only after that, so none of them ran.
+// (pgconn.SafeToRetry is no such proof: a connection that breaks while
+// an answer is read can report "conn closed", which claims it.)
+func unprepared(err error) bool {
+	var pre pgx.ErrPreprocessingBatch
+	return errors.As(err, &pre)
+}
+
+// terminated reports PostgreSQL's notice that the backend was terminated
+// (pg_terminate_backend, a fast shutdown: admin_shutdown). Sent in place
+// of an answer, it says the backend did not get past that statement: it
+// sends results in order and flushes them before the notice.
+func terminated(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "57P01"
 }
 
 func runHooks(tx *Tx) error {
@@ -436,7 +561,8 @@ type TenantBatch struct {
 // to its own tenant exactly as in that tenant's transaction alone. They
 // commit together or not at all. For the platform's batched write paths
 // (a worker's leases across the tenants of one fill) that need no
-// decision between statements; a tenant's request never uses it.
+// decision between statements; a tenant's request never uses it. Failures
+// are as Pipeline's.
 func (db *DB) PipelineTenants(ctx context.Context, parts []TenantBatch) error {
 	all := &pgx.Batch{}
 	for _, p := range parts {
@@ -449,17 +575,117 @@ func (db *DB) PipelineTenants(ctx context.Context, parts []TenantBatch) error {
 	if len(all.QueuedQueries) == 0 {
 		return nil
 	}
-	return db.app.SendBatch(ctx, all).Close()
+	return pipeline(ctx, db.app, all)
 }
 
 // Pipeline runs b as one implicit transaction scoped to tenant, in one
 // round trip: set_config and b's statements share a single Sync, so they
 // commit together or not at all. For short write paths (leases) that need
 // no decision between statements.
+//
+// A pipeline whose connection failed before any of it ran (nothing was
+// sent, or the backend had been terminated and answered its first
+// statement with that) runs again on a fresh connection; one whose
+// connection failed later may have committed: errs.OutcomeUnknown.
 func (db *DB) Pipeline(ctx context.Context, tenant uuid.UUID, b *pgx.Batch) error {
 	if tenant == uuid.Nil {
 		return errs.E(errs.Unauthenticated, "no tenant")
 	}
 	all := &pgx.Batch{QueuedQueries: append([]*pgx.QueuedQuery{{SQL: setTenantSQL, Arguments: []any{tenant.String()}}}, b.QueuedQueries...)}
-	return db.app.SendBatch(ctx, all).Close()
+	return pipeline(ctx, db.app, all)
+}
+
+// pipeline sends b, whose first statement is a set_config of this
+// package's (no callback), until it runs or cannot be known to have not.
+func pipeline(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch) error {
+	for attempt := 1; ; attempt++ {
+		// A batch remembers the statements it prepared on the connection
+		// it was sent on: each attempt sends a copy.
+		fresh := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, len(b.QueuedQueries))}
+		for i, q := range b.QueuedQueries {
+			fresh.QueuedQueries[i] = &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn}
+		}
+		why, err := pipelineOnce(ctx, pool, fresh, attempt > 1)
+		if err == nil || why != lost || attempt >= connAttempts || ctx.Err() != nil {
+			return err
+		}
+		lifecycle.Sleep(ctx, time.Duration(attempt)*5*time.Millisecond)
+	}
+}
+
+func pipelineOnce(ctx context.Context, pool *pgxpool.Pool, b *pgx.Batch, fresh bool) (again, error) {
+	conn, err := acquire(ctx, pool, fresh)
+	if err != nil {
+		return lost, errs.Lost(fmt.Errorf("acquire connection: %w", err))
+	}
+	defer conn.Release()
+	closed := conn.Conn().IsClosed()
+	br := conn.SendBatch(ctx, b)
+	// The first answer is read here: it is the set_config's, so no
+	// caller's callback has run when it fails.
+	_, err = br.Exec()
+	first := err != nil
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case err == nil:
+		return final, nil
+	case !conn.Conn().IsClosed():
+		return final, err // a statement failed: the implicit transaction rolled back
+	case closed, unprepared(err), first && terminated(err):
+		return lost, errs.Lost(err)
+	case ctx.Err() != nil:
+		return final, err
+	}
+	return final, errs.Unknown(err)
+}
+
+// repeatable is a pool whose Exec and QueryRow run again on a fresh
+// connection when theirs was lost (Unscoped's idempotent lookups).
+type repeatable struct{ pool *pgxpool.Pool }
+
+func (q repeatable) Exec(ctx context.Context, sql string, args ...any) (tag pgconn.CommandTag, err error) {
+	for attempt := 1; ; attempt++ {
+		var conn *pgxpool.Conn
+		if conn, err = acquire(ctx, q.pool, attempt > 1); err == nil {
+			tag, err = conn.Exec(ctx, sql, args...)
+			conn.Release()
+		}
+		if err == nil || attempt >= connAttempts || ctx.Err() != nil || !errs.Unreachable(err) {
+			return tag, err
+		}
+	}
+}
+
+func (q repeatable) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return repeatableRow{q: q, ctx: ctx, sql: sql, args: args}
+}
+
+func (q repeatable) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return q.pool.Query(ctx, sql, args...)
+}
+
+func (q repeatable) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return q.pool.SendBatch(ctx, b)
+}
+
+type repeatableRow struct {
+	q    repeatable
+	ctx  context.Context
+	sql  string
+	args []any
+}
+
+func (r repeatableRow) Scan(dest ...any) (err error) {
+	for attempt := 1; ; attempt++ {
+		var conn *pgxpool.Conn
+		if conn, err = acquire(r.ctx, r.q.pool, attempt > 1); err == nil {
+			err = conn.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...)
+			conn.Release()
+		}
+		if err == nil || attempt >= connAttempts || r.ctx.Err() != nil || !errs.Unreachable(err) {
+			return err
+		}
+	}
 }

@@ -71,7 +71,8 @@ type BulkFilter struct {
 }
 
 // BulkRequest asks for a bulk operation. IdempotencyKey makes a retried
-// request answer the first operation (created false).
+// request answer the first operation (created false); when empty,
+// CreateBulkOperation makes one for its own repeats.
 type BulkRequest struct {
 	Action         BulkAction
 	Filter         BulkFilter
@@ -92,13 +93,24 @@ func (c *Client) CreateBulkOperation(ctx context.Context, req BulkRequest) (op *
 		raw := json.RawMessage(b)
 		meta = &raw
 	}
-	f := req.Filter
-	res, err := createBulkOperation(ctx, c.gql, req.Action, f.Statuses, ptr(f.WorkflowID), timePtr(f.CreatedAfter), timePtr(f.CreatedBefore), meta,
-		ptr(req.Reason), ptr(req.IdempotencyKey))
-	if err != nil {
-		return nil, false, apiError(err)
+	key, own := req.IdempotencyKey, false
+	if key == "" {
+		if key, err = newKey(); err != nil {
+			return nil, false, err
+		}
+		own = true
 	}
-	return &res.CreateBulkOperation.Operation.BulkOperationFields, res.CreateBulkOperation.Created, nil
+	f := req.Filter
+	var res *createBulkOperationResponse
+	err = c.repeat(ctx, func() (err error) {
+		res, err = createBulkOperation(ctx, c.gql, req.Action, f.Statuses, ptr(f.WorkflowID), timePtr(f.CreatedAfter), timePtr(f.CreatedBefore), meta,
+			ptr(req.Reason), &key)
+		return apiError(err)
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return &res.CreateBulkOperation.Operation.BulkOperationFields, res.CreateBulkOperation.Created || own, nil
 }
 
 // GetBulkOperation reads a bulk operation and its progress. Needs runs:read.

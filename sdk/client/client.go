@@ -2,6 +2,10 @@
 // backend: create workflows, start runs (idempotently), signal and approve
 // them, cancel them, read them and wait for their result.
 //
+// A backend's API key needs runs:write and runs:read; every call asks only
+// for what those scopes may read, so a mutation's success always reaches
+// the caller.
+//
 //	c, err := client.New(os.Getenv("COMPOSER_URL"), os.Getenv("COMPOSER_API_KEY"))
 //	run, created, err := c.StartRun(ctx, client.Start{Workflow: "order", Input: order, IdempotencyKey: order.ID})
 //	run, err = c.WaitRun(ctx, run.ID)
@@ -11,6 +15,15 @@
 // generate your own client from the same file for other languages. Errors
 // carry the API's stable code (ErrorCode). The package links nothing of
 // the server. A Client is safe for concurrent use.
+//
+// Calls that are safe to repeat are repeated when the server answers
+// UNAVAILABLE (a store could not be reached) or OUTCOME_UNKNOWN (the
+// commit's answer was lost) or the connection fails, with backoff and
+// jitter within their context (Options.Retries): reads, and the writes
+// that carry a key the server deduplicates by. StartRun always sends an
+// idempotency key (a new UUID when Start has none) and Signal and Approve
+// a signal id, kept across the repeats, so a repeat never starts a second
+// run or delivers a signal twice.
 package client
 
 import (
@@ -18,17 +31,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/Khan/genqlient/graphql"
+	"github.com/google/uuid"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 )
 
 // Client calls the API as one principal (an API key or a user token).
 type Client struct {
-	gql graphql.Client
+	gql     graphql.Client
+	retries int
 }
 
 // Options configure a Client.
@@ -36,7 +54,16 @@ type Options struct {
 	// HTTPClient reaches the server (default: http.DefaultClient's
 	// transport with a 30 s timeout per request).
 	HTTPClient *http.Client
+	// Retries is how many times a call that is safe to repeat is repeated
+	// after UNAVAILABLE, OUTCOME_UNKNOWN or a failed connection (default
+	// DefaultRetries; a negative value turns repeats off). The waits grow
+	// from 100 ms to 5 s with jitter, never shorter than the server's
+	// retryAfterSeconds, and end with the call's context.
+	Retries int
 }
+
+// DefaultRetries is Options.Retries' default.
+const DefaultRetries = 5
 
 // New returns a client of the server at serverURL authenticating with
 // credential: an API key (cmp_…) or a user token.
@@ -57,7 +84,73 @@ func New(serverURL, credential string, opts ...Options) (*Client, error) {
 	}
 	hc := *base
 	hc.Transport = bearer{token: credential, next: rt}
-	return &Client{gql: graphql.NewClient(strings.TrimRight(serverURL, "/")+"/graphql", &hc)}, nil
+	retries := DefaultRetries
+	if len(opts) > 0 && opts[0].Retries != 0 {
+		retries = max(opts[0].Retries, 0)
+	}
+	return &Client{gql: graphql.NewClient(strings.TrimRight(serverURL, "/")+"/graphql", &hc), retries: retries}, nil
+}
+
+// repeat runs call (which returns an API error, see apiError) until it
+// succeeds or fails in a way a repeat cannot fix, its repeats are spent,
+// or ctx would end before the next. Only calls safe to repeat use it.
+func (c *Client) repeat(ctx context.Context, call func() error) error {
+	backoff := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := call()
+		if err == nil || attempt >= c.retries || !repeatable(err) || ctx.Err() != nil {
+			return err
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		var e *Error
+		if errors.As(err, &e) && e.RetryAfter > wait {
+			wait = e.RetryAfter
+		}
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// repeatable reports an answer a repeat of the same call may change: the
+// server could not reach a store, lost its commit's answer, or the
+// connection to it failed.
+func repeatable(err error) bool {
+	switch ErrorCode(err) {
+	case "UNAVAILABLE", "OUTCOME_UNKNOWN":
+		return true
+	case "":
+		return transient(err)
+	}
+	return false
+}
+
+// transient reports a failure of the connection to the server (not of the
+// call's context, nor the client's own mistake).
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}
+
+// newKey returns a key for a write the server deduplicates by, for a call
+// given none: a UUID (time-ordered).
+func newKey() (string, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return "", fmt.Errorf("composer client: make an idempotency key: %w", err)
+	}
+	return id.String(), nil
 }
 
 type bearer struct {
@@ -73,11 +166,15 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // Run is a workflow run as the API shows it.
 type Run struct {
-	ID              string
-	WorkflowID      string
+	ID         string
+	WorkflowID string
+	// Workflow is the workflow's name as StartRun was given it ("" when
+	// the start named the workflow by id, and for runs read: reading a
+	// workflow needs workflows:read, which a backend's key lacks).
 	Workflow        string
 	WorkflowVersion int
-	// Status is QUEUED, RUNNING, COMPLETED, FAILED or CANCELLED.
+	// Status is QUEUED or RUNNING (not finished), or COMPLETED, FAILED or
+	// CANCELLED (terminal, see Done).
 	Status         string
 	Input          json.RawMessage
 	Output         json.RawMessage
@@ -95,11 +192,24 @@ type Run struct {
 	// ConcurrencyKey is the run's key under its workflow's concurrency
 	// limit ("" without one).
 	ConcurrencyKey string
-	Tasks          []Task
+	// Tasks are the run's tasks (GetRun, WaitRun); a mutation's answer
+	// has none — reading them needs runs:read.
+	Tasks []Task
 }
 
 // Done reports whether the run reached a terminal status.
-func (r *Run) Done() bool { return r.Status != "RUNNING" && r.Status != "QUEUED" }
+func (r *Run) Done() bool { return terminal(RunStatus(r.Status)) }
+
+// terminal reports a status a run never leaves: COMPLETED, FAILED,
+// CANCELLED. Any other (QUEUED, RUNNING, and a status this client does not
+// know yet) may still change.
+func terminal(s RunStatus) bool {
+	switch s {
+	case RunStatusCompleted, RunStatusFailed, RunStatusCancelled:
+		return true
+	}
+	return false
+}
 
 // Task is one node's task in a run.
 type Task struct {
@@ -119,11 +229,15 @@ type Task struct {
 	ChildRunID string
 }
 
-func runOf(f RunFields) *Run {
-	r := &Run{ID: f.Id, WorkflowID: f.Workflow.Id, Workflow: f.Workflow.Name, WorkflowVersion: f.WorkflowVersion, Status: string(f.Status),
+func runOf(f RunWritten) *Run {
+	return &Run{ID: f.Id, WorkflowID: f.WorkflowId, WorkflowVersion: f.WorkflowVersion, Status: string(f.Status),
 		Input: f.Input, Output: raw(f.Output), Error: raw(f.Error), IdempotencyKey: str(f.IdempotencyKey), Priority: f.Priority, CreatedAt: f.CreatedAt,
 		UpdatedAt: f.UpdatedAt, FinishedAt: f.FinishedAt, ParentRunID: str(f.ParentRunId), ParentNode: str(f.ParentNode),
 		ConcurrencyKey: str(f.ConcurrencyKey)}
+}
+
+func runWithTasks(f RunFields) *Run {
+	r := runOf(f.RunWritten)
 	for _, t := range f.Tasks {
 		r.Tasks = append(r.Tasks, Task{ID: t.Id, NodeID: t.NodeId, NodeType: t.NodeType, Queue: str(t.Queue), Handler: str(t.Handler),
 			State: string(t.State), Attempt: t.Attempt, MaxAttempts: t.MaxAttempts, Output: raw(t.Output), LastError: raw(t.LastError),
@@ -215,6 +329,8 @@ type Start struct {
 	Input any
 	// IdempotencyKey makes the start safe to retry: a repeat with the same
 	// key (and the same parameters) returns the run the first created.
+	// When empty, StartRun makes one (a UUID) for its own repeats; the run
+	// shows it as its IdempotencyKey.
 	IdempotencyKey string
 	// Priority is the run's priority, -2 (lowest) to 2 (highest), 0 by
 	// default: within the tenant's share of the workers its steps start
@@ -224,66 +340,112 @@ type Start struct {
 }
 
 // StartRun starts a run; created is false when the idempotency key named
-// an existing run.
+// an existing run (one this call's own earlier attempt started counts as
+// created when the key was StartRun's own). It is repeated as the package
+// documentation says, with the same key. The run has no Tasks (GetRun).
 func (c *Client) StartRun(ctx context.Context, s Start) (run *Run, created bool, err error) {
 	in, err := jsonOf(s.Input)
 	if err != nil {
 		return nil, false, err
 	}
-	res, err := startRun(ctx, c.gql, StartRunInput{WorkflowId: ptr(s.WorkflowID), WorkflowName: ptr(s.Workflow), Version: ptr(s.Version),
-		Input: in, IdempotencyKey: ptr(s.IdempotencyKey), Priority: ptr(s.Priority)})
-	if err != nil {
-		return nil, false, apiError(err)
+	key, own := s.IdempotencyKey, false
+	if key == "" {
+		if key, err = newKey(); err != nil {
+			return nil, false, err
+		}
+		own = true
 	}
-	return runOf(res.StartRun.Run.RunFields), res.StartRun.Created, nil
+	input := StartRunInput{WorkflowId: ptr(s.WorkflowID), WorkflowName: ptr(s.Workflow), Version: ptr(s.Version),
+		Input: in, IdempotencyKey: &key, Priority: ptr(s.Priority)}
+	var res *startRunResponse
+	err = c.repeat(ctx, func() (err error) {
+		res, err = startRun(ctx, c.gql, input)
+		return apiError(err)
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	run = runOf(res.StartRun.Run.RunWritten)
+	run.Workflow = s.Workflow
+	// A key of StartRun's own names no run but this call's.
+	return run, res.StartRun.Created || own, nil
 }
 
 // GetRun reads a run with its tasks.
 func (c *Client) GetRun(ctx context.Context, id string) (*Run, error) {
-	res, err := getRun(ctx, c.gql, id)
+	var res *getRunResponse
+	err := c.repeat(ctx, func() (err error) {
+		res, err = getRun(ctx, c.gql, id)
+		return apiError(err)
+	})
 	if err != nil {
-		return nil, apiError(err)
+		return nil, err
 	}
-	return runOf(res.Run.RunFields), nil
+	return runWithTasks(res.Run.RunFields), nil
 }
 
 // Signal sends a named signal to a run (a wait node for that name takes
-// it). signalID, when set, makes it idempotent. ignored is true when the
-// run did not take it (it had finished, or the id was seen).
+// it). signalID makes it idempotent; when empty, Signal makes one for its
+// own repeats. ignored is true when the run did not take it (it had
+// finished, or the id was seen).
 func (c *Client) Signal(ctx context.Context, runID, name string, payload any, signalID string) (ignored bool, err error) {
 	p, err := jsonOf(payload)
 	if err != nil {
 		return false, err
 	}
-	res, err := signalRun(ctx, c.gql, runID, name, p, ptr(signalID))
+	if signalID == "" {
+		if signalID, err = newKey(); err != nil {
+			return false, err
+		}
+	}
+	var res *signalRunResponse
+	err = c.repeat(ctx, func() (err error) {
+		res, err = signalRun(ctx, c.gql, runID, name, p, &signalID)
+		return apiError(err)
+	})
 	if err != nil {
-		return false, apiError(err)
+		return false, err
 	}
 	return res.SignalRun.Ignored, nil
 }
 
 // Approve answers a run's approval wait (signal "approval" unless the
-// definition names another).
+// definition names another), once however often it is repeated.
 func (c *Client) Approve(ctx context.Context, runID string, approved bool, comment string) (ignored bool, err error) {
-	res, err := approve(ctx, c.gql, runID, nil, approved, ptr(comment), nil)
+	signalID, err := newKey()
 	if err != nil {
-		return false, apiError(err)
+		return false, err
+	}
+	var res *approveResponse
+	err = c.repeat(ctx, func() (err error) {
+		res, err = approve(ctx, c.gql, runID, nil, approved, ptr(comment), &signalID)
+		return apiError(err)
+	})
+	if err != nil {
+		return false, err
 	}
 	return res.Approve.Ignored, nil
 }
 
-// CancelRun cancels a run; finished work is kept.
+// CancelRun cancels a run; finished work is kept. Cancelling a cancelled
+// run changes nothing, so it is repeated like a read. The run has no
+// Tasks (GetRun).
 func (c *Client) CancelRun(ctx context.Context, runID, reason string) (*Run, error) {
-	res, err := cancelRun(ctx, c.gql, runID, ptr(reason))
+	var res *cancelRunResponse
+	err := c.repeat(ctx, func() (err error) {
+		res, err = cancelRun(ctx, c.gql, runID, ptr(reason))
+		return apiError(err)
+	})
 	if err != nil {
-		return nil, apiError(err)
+		return nil, err
 	}
-	return runOf(res.CancelRun.RunFields), nil
+	return runOf(res.CancelRun.RunWritten), nil
 }
 
-// WaitRun waits until the run is terminal and returns it, polling its
-// status (every 50 ms at first, backing off to every 2 s); ctx bounds
-// the wait.
+// WaitRun waits until the run is terminal (COMPLETED, FAILED or
+// CANCELLED; not QUEUED or RUNNING) and returns it, polling its status
+// (every 50 ms at first, backing off to every 2 s) through answers a
+// repeat may change; ctx bounds the wait.
 func (c *Client) WaitRun(ctx context.Context, id string) (*Run, error) {
 	delay := 50 * time.Millisecond
 	for {
@@ -292,13 +454,15 @@ func (c *Client) WaitRun(ctx context.Context, id string) (*Run, error) {
 			if e := apiError(err); !IsTemporary(e) {
 				return nil, e
 			}
-		} else if res.Run.Status != RunStatusRunning {
+		} else if terminal(res.Run.Status) {
 			return c.GetRun(ctx, id)
 		}
+		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil, ctx.Err()
-		case <-time.After(delay):
+		case <-t.C:
 		}
 		delay = min(delay*2, 2*time.Second)
 	}
@@ -320,9 +484,13 @@ type Worker struct {
 
 // Workers lists the tenant's connected workers.
 func (c *Client) Workers(ctx context.Context) ([]Worker, error) {
-	res, err := workers(ctx, c.gql)
+	var res *workersResponse
+	err := c.repeat(ctx, func() (err error) {
+		res, err = workers(ctx, c.gql)
+		return apiError(err)
+	})
 	if err != nil {
-		return nil, apiError(err)
+		return nil, err
 	}
 	out := make([]Worker, len(res.Workers))
 	for i, w := range res.Workers {
@@ -334,14 +502,15 @@ func (c *Client) Workers(ctx context.Context) ([]Worker, error) {
 
 // Error is an error the API answered, with its stable code
 // (UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, BAD_USER_INPUT, CONFLICT,
-// RATE_LIMITED, QUOTA_EXCEEDED, UNAVAILABLE, INTERNAL, …).
+// RATE_LIMITED, QUOTA_EXCEEDED, UNAVAILABLE, OUTCOME_UNKNOWN, INTERNAL, …).
 type Error struct {
 	Code    string
 	Message string
 	// Problems name the node and field of each problem of an invalid
 	// workflow definition.
 	Problems []Problem
-	// RetryAfter is set on RATE_LIMITED.
+	// RetryAfter is the server's hint of when to try again (RATE_LIMITED,
+	// UNAVAILABLE, OUTCOME_UNKNOWN).
 	RetryAfter time.Duration
 	// Status is the HTTP status when the request was refused before
 	// GraphQL ran (e.g. 401).
@@ -366,13 +535,17 @@ func ErrorCode(err error) string {
 	return ""
 }
 
-// IsTemporary reports whether the same call may succeed later.
+// IsTemporary reports whether the same call may succeed later: the API
+// answered RATE_LIMITED, UNAVAILABLE, OUTCOME_UNKNOWN (repeat it with the
+// same idempotency key) or INTERNAL, or the connection to it failed. It
+// is false for nil, for the call's own context ending, and for the
+// client's refusals of bad arguments.
 func IsTemporary(err error) bool {
 	switch ErrorCode(err) {
-	case "RATE_LIMITED", "UNAVAILABLE", "INTERNAL":
+	case "RATE_LIMITED", "UNAVAILABLE", "OUTCOME_UNKNOWN", "INTERNAL":
 		return true
 	case "":
-		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+		return transient(err)
 	}
 	return false
 }

@@ -28,9 +28,13 @@ func (c *Client) PublishEvent(ctx context.Context, name string, payload any, id 
 	if err != nil {
 		return nil, false, err
 	}
-	res, err := publishEvent(ctx, c.gql, PublishEventInput{Name: name, Payload: p, Id: id})
+	var res *publishEventResponse
+	err = c.repeat(ctx, func() (err error) {
+		res, err = publishEvent(ctx, c.gql, PublishEventInput{Name: name, Payload: p, Id: id})
+		return apiError(err)
+	})
 	if err != nil {
-		return nil, false, apiError(err)
+		return nil, false, err
 	}
 	return &res.PublishEvent.Event.EventFields, res.PublishEvent.Created, nil
 }

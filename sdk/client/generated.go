@@ -368,77 +368,149 @@ func (v *RateLimitInput) GetBurst() int { return v.Burst }
 // GetDescription returns RateLimitInput.Description, and is useful for accessing the field via an interface.
 func (v *RateLimitInput) GetDescription() *string { return v.Description }
 
-// RunFields includes the GraphQL fields of Run requested by the fragment RunFields.
+// RunFields is a run as runs:read reads it, with its tasks.
 type RunFields struct {
-	Id              string            `json:"id"`
-	Workflow        RunFieldsWorkflow `json:"workflow"`
-	WorkflowVersion int               `json:"workflowVersion"`
-	Status          RunStatus         `json:"status"`
-	Input           json.RawMessage   `json:"input"`
-	Output          *json.RawMessage  `json:"output"`
-	Error           *json.RawMessage  `json:"error"`
-	IdempotencyKey  *string           `json:"idempotencyKey"`
-	// The run's priority (-2..2): see StartRunInput.priority.
-	Priority   int        `json:"priority"`
-	CreatedAt  time.Time  `json:"createdAt"`
-	UpdatedAt  time.Time  `json:"updatedAt"`
-	FinishedAt *time.Time `json:"finishedAt"`
-	// For a child run: the run whose workflow node (or map element) started it, and that node's id.
-	ParentRunId *string `json:"parentRunId"`
-	ParentNode  *string `json:"parentNode"`
-	// The run's concurrency key, for a workflow with a concurrency limit.
-	ConcurrencyKey *string `json:"concurrencyKey"`
+	RunWritten `json:"-"`
 	// Every node's task (and every map element's), in creation order.
 	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
-// GetId returns RunFields.Id, and is useful for accessing the field via an interface.
-func (v *RunFields) GetId() string { return v.Id }
-
-// GetWorkflow returns RunFields.Workflow, and is useful for accessing the field via an interface.
-func (v *RunFields) GetWorkflow() RunFieldsWorkflow { return v.Workflow }
-
-// GetWorkflowVersion returns RunFields.WorkflowVersion, and is useful for accessing the field via an interface.
-func (v *RunFields) GetWorkflowVersion() int { return v.WorkflowVersion }
-
-// GetStatus returns RunFields.Status, and is useful for accessing the field via an interface.
-func (v *RunFields) GetStatus() RunStatus { return v.Status }
-
-// GetInput returns RunFields.Input, and is useful for accessing the field via an interface.
-func (v *RunFields) GetInput() json.RawMessage { return v.Input }
-
-// GetOutput returns RunFields.Output, and is useful for accessing the field via an interface.
-func (v *RunFields) GetOutput() *json.RawMessage { return v.Output }
-
-// GetError returns RunFields.Error, and is useful for accessing the field via an interface.
-func (v *RunFields) GetError() *json.RawMessage { return v.Error }
-
-// GetIdempotencyKey returns RunFields.IdempotencyKey, and is useful for accessing the field via an interface.
-func (v *RunFields) GetIdempotencyKey() *string { return v.IdempotencyKey }
-
-// GetPriority returns RunFields.Priority, and is useful for accessing the field via an interface.
-func (v *RunFields) GetPriority() int { return v.Priority }
-
-// GetCreatedAt returns RunFields.CreatedAt, and is useful for accessing the field via an interface.
-func (v *RunFields) GetCreatedAt() time.Time { return v.CreatedAt }
-
-// GetUpdatedAt returns RunFields.UpdatedAt, and is useful for accessing the field via an interface.
-func (v *RunFields) GetUpdatedAt() time.Time { return v.UpdatedAt }
-
-// GetFinishedAt returns RunFields.FinishedAt, and is useful for accessing the field via an interface.
-func (v *RunFields) GetFinishedAt() *time.Time { return v.FinishedAt }
-
-// GetParentRunId returns RunFields.ParentRunId, and is useful for accessing the field via an interface.
-func (v *RunFields) GetParentRunId() *string { return v.ParentRunId }
-
-// GetParentNode returns RunFields.ParentNode, and is useful for accessing the field via an interface.
-func (v *RunFields) GetParentNode() *string { return v.ParentNode }
-
-// GetConcurrencyKey returns RunFields.ConcurrencyKey, and is useful for accessing the field via an interface.
-func (v *RunFields) GetConcurrencyKey() *string { return v.ConcurrencyKey }
-
 // GetTasks returns RunFields.Tasks, and is useful for accessing the field via an interface.
 func (v *RunFields) GetTasks() []RunFieldsTasksTask { return v.Tasks }
+
+// GetId returns RunFields.Id, and is useful for accessing the field via an interface.
+func (v *RunFields) GetId() string { return v.RunWritten.Id }
+
+// GetWorkflowId returns RunFields.WorkflowId, and is useful for accessing the field via an interface.
+func (v *RunFields) GetWorkflowId() string { return v.RunWritten.WorkflowId }
+
+// GetWorkflowVersion returns RunFields.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *RunFields) GetWorkflowVersion() int { return v.RunWritten.WorkflowVersion }
+
+// GetStatus returns RunFields.Status, and is useful for accessing the field via an interface.
+func (v *RunFields) GetStatus() RunStatus { return v.RunWritten.Status }
+
+// GetInput returns RunFields.Input, and is useful for accessing the field via an interface.
+func (v *RunFields) GetInput() json.RawMessage { return v.RunWritten.Input }
+
+// GetOutput returns RunFields.Output, and is useful for accessing the field via an interface.
+func (v *RunFields) GetOutput() *json.RawMessage { return v.RunWritten.Output }
+
+// GetError returns RunFields.Error, and is useful for accessing the field via an interface.
+func (v *RunFields) GetError() *json.RawMessage { return v.RunWritten.Error }
+
+// GetIdempotencyKey returns RunFields.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *RunFields) GetIdempotencyKey() *string { return v.RunWritten.IdempotencyKey }
+
+// GetPriority returns RunFields.Priority, and is useful for accessing the field via an interface.
+func (v *RunFields) GetPriority() int { return v.RunWritten.Priority }
+
+// GetCreatedAt returns RunFields.CreatedAt, and is useful for accessing the field via an interface.
+func (v *RunFields) GetCreatedAt() time.Time { return v.RunWritten.CreatedAt }
+
+// GetUpdatedAt returns RunFields.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *RunFields) GetUpdatedAt() time.Time { return v.RunWritten.UpdatedAt }
+
+// GetFinishedAt returns RunFields.FinishedAt, and is useful for accessing the field via an interface.
+func (v *RunFields) GetFinishedAt() *time.Time { return v.RunWritten.FinishedAt }
+
+// GetParentRunId returns RunFields.ParentRunId, and is useful for accessing the field via an interface.
+func (v *RunFields) GetParentRunId() *string { return v.RunWritten.ParentRunId }
+
+// GetParentNode returns RunFields.ParentNode, and is useful for accessing the field via an interface.
+func (v *RunFields) GetParentNode() *string { return v.RunWritten.ParentNode }
+
+// GetConcurrencyKey returns RunFields.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *RunFields) GetConcurrencyKey() *string { return v.RunWritten.ConcurrencyKey }
+
+func (v *RunFields) UnmarshalJSON(b []byte) error {
+
+	if string(b) == "null" {
+		return nil
+	}
+
+	var firstPass struct {
+		*RunFields
+		graphql.NoUnmarshalJSON
+	}
+	firstPass.RunFields = v
+
+	err := json.Unmarshal(b, &firstPass)
+	if err != nil {
+		return err
+	}
+
+	err = json.Unmarshal(
+		b, &v.RunWritten)
+	if err != nil {
+		return err
+	}
+	return nil
+}
+
+type __premarshalRunFields struct {
+	Tasks []RunFieldsTasksTask `json:"tasks"`
+
+	Id string `json:"id"`
+
+	WorkflowId string `json:"workflowId"`
+
+	WorkflowVersion int `json:"workflowVersion"`
+
+	Status RunStatus `json:"status"`
+
+	Input json.RawMessage `json:"input"`
+
+	Output *json.RawMessage `json:"output"`
+
+	Error *json.RawMessage `json:"error"`
+
+	IdempotencyKey *string `json:"idempotencyKey"`
+
+	Priority int `json:"priority"`
+
+	CreatedAt time.Time `json:"createdAt"`
+
+	UpdatedAt time.Time `json:"updatedAt"`
+
+	FinishedAt *time.Time `json:"finishedAt"`
+
+	ParentRunId *string `json:"parentRunId"`
+
+	ParentNode *string `json:"parentNode"`
+
+	ConcurrencyKey *string `json:"concurrencyKey"`
+}
+
+func (v *RunFields) MarshalJSON() ([]byte, error) {
+	premarshaled, err := v.__premarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(premarshaled)
+}
+
+func (v *RunFields) __premarshalJSON() (*__premarshalRunFields, error) {
+	var retval __premarshalRunFields
+
+	retval.Tasks = v.Tasks
+	retval.Id = v.RunWritten.Id
+	retval.WorkflowId = v.RunWritten.WorkflowId
+	retval.WorkflowVersion = v.RunWritten.WorkflowVersion
+	retval.Status = v.RunWritten.Status
+	retval.Input = v.RunWritten.Input
+	retval.Output = v.RunWritten.Output
+	retval.Error = v.RunWritten.Error
+	retval.IdempotencyKey = v.RunWritten.IdempotencyKey
+	retval.Priority = v.RunWritten.Priority
+	retval.CreatedAt = v.RunWritten.CreatedAt
+	retval.UpdatedAt = v.RunWritten.UpdatedAt
+	retval.FinishedAt = v.RunWritten.FinishedAt
+	retval.ParentRunId = v.RunWritten.ParentRunId
+	retval.ParentNode = v.RunWritten.ParentNode
+	retval.ConcurrencyKey = v.RunWritten.ConcurrencyKey
+	return &retval, nil
+}
 
 // RunFieldsTasksTask includes the requested fields of the GraphQL type Task.
 type RunFieldsTasksTask struct {
@@ -498,18 +570,6 @@ func (v *RunFieldsTasksTask) GetFinishedAt() *time.Time { return v.FinishedAt }
 // GetChildRunId returns RunFieldsTasksTask.ChildRunId, and is useful for accessing the field via an interface.
 func (v *RunFieldsTasksTask) GetChildRunId() *string { return v.ChildRunId }
 
-// RunFieldsWorkflow includes the requested fields of the GraphQL type Workflow.
-type RunFieldsWorkflow struct {
-	Id   string `json:"id"`
-	Name string `json:"name"`
-}
-
-// GetId returns RunFieldsWorkflow.Id, and is useful for accessing the field via an interface.
-func (v *RunFieldsWorkflow) GetId() string { return v.Id }
-
-// GetName returns RunFieldsWorkflow.Name, and is useful for accessing the field via an interface.
-func (v *RunFieldsWorkflow) GetName() string { return v.Name }
-
 type RunStatus string
 
 const (
@@ -528,6 +588,74 @@ var AllRunStatus = []RunStatus{
 	RunStatusFailed,
 	RunStatusCancelled,
 }
+
+// RunWritten is what a mutation that wrote a run answers.
+type RunWritten struct {
+	Id string `json:"id"`
+	// The id of the run's workflow, shown to whoever may read the run (workflow needs workflows:read).
+	WorkflowId      string           `json:"workflowId"`
+	WorkflowVersion int              `json:"workflowVersion"`
+	Status          RunStatus        `json:"status"`
+	Input           json.RawMessage  `json:"input"`
+	Output          *json.RawMessage `json:"output"`
+	Error           *json.RawMessage `json:"error"`
+	IdempotencyKey  *string          `json:"idempotencyKey"`
+	// The run's priority (-2..2): see StartRunInput.priority.
+	Priority   int        `json:"priority"`
+	CreatedAt  time.Time  `json:"createdAt"`
+	UpdatedAt  time.Time  `json:"updatedAt"`
+	FinishedAt *time.Time `json:"finishedAt"`
+	// For a child run: the run whose workflow node (or map element) started it, and that node's id.
+	ParentRunId *string `json:"parentRunId"`
+	ParentNode  *string `json:"parentNode"`
+	// The run's concurrency key, for a workflow with a concurrency limit.
+	ConcurrencyKey *string `json:"concurrencyKey"`
+}
+
+// GetId returns RunWritten.Id, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetId() string { return v.Id }
+
+// GetWorkflowId returns RunWritten.WorkflowId, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetWorkflowId() string { return v.WorkflowId }
+
+// GetWorkflowVersion returns RunWritten.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetWorkflowVersion() int { return v.WorkflowVersion }
+
+// GetStatus returns RunWritten.Status, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetStatus() RunStatus { return v.Status }
+
+// GetInput returns RunWritten.Input, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetInput() json.RawMessage { return v.Input }
+
+// GetOutput returns RunWritten.Output, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetOutput() *json.RawMessage { return v.Output }
+
+// GetError returns RunWritten.Error, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetError() *json.RawMessage { return v.Error }
+
+// GetIdempotencyKey returns RunWritten.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetIdempotencyKey() *string { return v.IdempotencyKey }
+
+// GetPriority returns RunWritten.Priority, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetPriority() int { return v.Priority }
+
+// GetCreatedAt returns RunWritten.CreatedAt, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetCreatedAt() time.Time { return v.CreatedAt }
+
+// GetUpdatedAt returns RunWritten.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetUpdatedAt() time.Time { return v.UpdatedAt }
+
+// GetFinishedAt returns RunWritten.FinishedAt, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetFinishedAt() *time.Time { return v.FinishedAt }
+
+// GetParentRunId returns RunWritten.ParentRunId, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetParentRunId() *string { return v.ParentRunId }
+
+// GetParentNode returns RunWritten.ParentNode, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetParentNode() *string { return v.ParentNode }
+
+// GetConcurrencyKey returns RunWritten.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *RunWritten) GetConcurrencyKey() *string { return v.ConcurrencyKey }
 
 // ScheduleFields includes the GraphQL fields of Schedule requested by the fragment ScheduleFields.
 type ScheduleFields struct {
@@ -1511,56 +1639,53 @@ func (v *cancelBulkOperationResponse) GetCancelBulkOperation() cancelBulkOperati
 
 // cancelRunCancelRun includes the requested fields of the GraphQL type Run.
 type cancelRunCancelRun struct {
-	RunFields `json:"-"`
+	RunWritten `json:"-"`
 }
 
 // GetId returns cancelRunCancelRun.Id, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetId() string { return v.RunFields.Id }
+func (v *cancelRunCancelRun) GetId() string { return v.RunWritten.Id }
 
-// GetWorkflow returns cancelRunCancelRun.Workflow, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetWorkflow() RunFieldsWorkflow { return v.RunFields.Workflow }
+// GetWorkflowId returns cancelRunCancelRun.WorkflowId, and is useful for accessing the field via an interface.
+func (v *cancelRunCancelRun) GetWorkflowId() string { return v.RunWritten.WorkflowId }
 
 // GetWorkflowVersion returns cancelRunCancelRun.WorkflowVersion, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetWorkflowVersion() int { return v.RunFields.WorkflowVersion }
+func (v *cancelRunCancelRun) GetWorkflowVersion() int { return v.RunWritten.WorkflowVersion }
 
 // GetStatus returns cancelRunCancelRun.Status, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetStatus() RunStatus { return v.RunFields.Status }
+func (v *cancelRunCancelRun) GetStatus() RunStatus { return v.RunWritten.Status }
 
 // GetInput returns cancelRunCancelRun.Input, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetInput() json.RawMessage { return v.RunFields.Input }
+func (v *cancelRunCancelRun) GetInput() json.RawMessage { return v.RunWritten.Input }
 
 // GetOutput returns cancelRunCancelRun.Output, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetOutput() *json.RawMessage { return v.RunFields.Output }
+func (v *cancelRunCancelRun) GetOutput() *json.RawMessage { return v.RunWritten.Output }
 
 // GetError returns cancelRunCancelRun.Error, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetError() *json.RawMessage { return v.RunFields.Error }
+func (v *cancelRunCancelRun) GetError() *json.RawMessage { return v.RunWritten.Error }
 
 // GetIdempotencyKey returns cancelRunCancelRun.IdempotencyKey, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetIdempotencyKey() *string { return v.RunFields.IdempotencyKey }
+func (v *cancelRunCancelRun) GetIdempotencyKey() *string { return v.RunWritten.IdempotencyKey }
 
 // GetPriority returns cancelRunCancelRun.Priority, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetPriority() int { return v.RunFields.Priority }
+func (v *cancelRunCancelRun) GetPriority() int { return v.RunWritten.Priority }
 
 // GetCreatedAt returns cancelRunCancelRun.CreatedAt, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetCreatedAt() time.Time { return v.RunFields.CreatedAt }
+func (v *cancelRunCancelRun) GetCreatedAt() time.Time { return v.RunWritten.CreatedAt }
 
 // GetUpdatedAt returns cancelRunCancelRun.UpdatedAt, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetUpdatedAt() time.Time { return v.RunFields.UpdatedAt }
+func (v *cancelRunCancelRun) GetUpdatedAt() time.Time { return v.RunWritten.UpdatedAt }
 
 // GetFinishedAt returns cancelRunCancelRun.FinishedAt, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetFinishedAt() *time.Time { return v.RunFields.FinishedAt }
+func (v *cancelRunCancelRun) GetFinishedAt() *time.Time { return v.RunWritten.FinishedAt }
 
 // GetParentRunId returns cancelRunCancelRun.ParentRunId, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+func (v *cancelRunCancelRun) GetParentRunId() *string { return v.RunWritten.ParentRunId }
 
 // GetParentNode returns cancelRunCancelRun.ParentNode, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetParentNode() *string { return v.RunFields.ParentNode }
+func (v *cancelRunCancelRun) GetParentNode() *string { return v.RunWritten.ParentNode }
 
 // GetConcurrencyKey returns cancelRunCancelRun.ConcurrencyKey, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetConcurrencyKey() *string { return v.RunFields.ConcurrencyKey }
-
-// GetTasks returns cancelRunCancelRun.Tasks, and is useful for accessing the field via an interface.
-func (v *cancelRunCancelRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
+func (v *cancelRunCancelRun) GetConcurrencyKey() *string { return v.RunWritten.ConcurrencyKey }
 
 func (v *cancelRunCancelRun) UnmarshalJSON(b []byte) error {
 
@@ -1580,7 +1705,7 @@ func (v *cancelRunCancelRun) UnmarshalJSON(b []byte) error {
 	}
 
 	err = json.Unmarshal(
-		b, &v.RunFields)
+		b, &v.RunWritten)
 	if err != nil {
 		return err
 	}
@@ -1590,7 +1715,7 @@ func (v *cancelRunCancelRun) UnmarshalJSON(b []byte) error {
 type __premarshalcancelRunCancelRun struct {
 	Id string `json:"id"`
 
-	Workflow RunFieldsWorkflow `json:"workflow"`
+	WorkflowId string `json:"workflowId"`
 
 	WorkflowVersion int `json:"workflowVersion"`
 
@@ -1617,8 +1742,6 @@ type __premarshalcancelRunCancelRun struct {
 	ParentNode *string `json:"parentNode"`
 
 	ConcurrencyKey *string `json:"concurrencyKey"`
-
-	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
 func (v *cancelRunCancelRun) MarshalJSON() ([]byte, error) {
@@ -1632,22 +1755,21 @@ func (v *cancelRunCancelRun) MarshalJSON() ([]byte, error) {
 func (v *cancelRunCancelRun) __premarshalJSON() (*__premarshalcancelRunCancelRun, error) {
 	var retval __premarshalcancelRunCancelRun
 
-	retval.Id = v.RunFields.Id
-	retval.Workflow = v.RunFields.Workflow
-	retval.WorkflowVersion = v.RunFields.WorkflowVersion
-	retval.Status = v.RunFields.Status
-	retval.Input = v.RunFields.Input
-	retval.Output = v.RunFields.Output
-	retval.Error = v.RunFields.Error
-	retval.IdempotencyKey = v.RunFields.IdempotencyKey
-	retval.Priority = v.RunFields.Priority
-	retval.CreatedAt = v.RunFields.CreatedAt
-	retval.UpdatedAt = v.RunFields.UpdatedAt
-	retval.FinishedAt = v.RunFields.FinishedAt
-	retval.ParentRunId = v.RunFields.ParentRunId
-	retval.ParentNode = v.RunFields.ParentNode
-	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
-	retval.Tasks = v.RunFields.Tasks
+	retval.Id = v.RunWritten.Id
+	retval.WorkflowId = v.RunWritten.WorkflowId
+	retval.WorkflowVersion = v.RunWritten.WorkflowVersion
+	retval.Status = v.RunWritten.Status
+	retval.Input = v.RunWritten.Input
+	retval.Output = v.RunWritten.Output
+	retval.Error = v.RunWritten.Error
+	retval.IdempotencyKey = v.RunWritten.IdempotencyKey
+	retval.Priority = v.RunWritten.Priority
+	retval.CreatedAt = v.RunWritten.CreatedAt
+	retval.UpdatedAt = v.RunWritten.UpdatedAt
+	retval.FinishedAt = v.RunWritten.FinishedAt
+	retval.ParentRunId = v.RunWritten.ParentRunId
+	retval.ParentNode = v.RunWritten.ParentNode
+	retval.ConcurrencyKey = v.RunWritten.ConcurrencyKey
 	return &retval, nil
 }
 
@@ -2536,53 +2658,53 @@ type getRunRun struct {
 	RunFields `json:"-"`
 }
 
-// GetId returns getRunRun.Id, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetId() string { return v.RunFields.Id }
-
-// GetWorkflow returns getRunRun.Workflow, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetWorkflow() RunFieldsWorkflow { return v.RunFields.Workflow }
-
-// GetWorkflowVersion returns getRunRun.WorkflowVersion, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetWorkflowVersion() int { return v.RunFields.WorkflowVersion }
-
-// GetStatus returns getRunRun.Status, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetStatus() RunStatus { return v.RunFields.Status }
-
-// GetInput returns getRunRun.Input, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetInput() json.RawMessage { return v.RunFields.Input }
-
-// GetOutput returns getRunRun.Output, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetOutput() *json.RawMessage { return v.RunFields.Output }
-
-// GetError returns getRunRun.Error, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetError() *json.RawMessage { return v.RunFields.Error }
-
-// GetIdempotencyKey returns getRunRun.IdempotencyKey, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetIdempotencyKey() *string { return v.RunFields.IdempotencyKey }
-
-// GetPriority returns getRunRun.Priority, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetPriority() int { return v.RunFields.Priority }
-
-// GetCreatedAt returns getRunRun.CreatedAt, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetCreatedAt() time.Time { return v.RunFields.CreatedAt }
-
-// GetUpdatedAt returns getRunRun.UpdatedAt, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetUpdatedAt() time.Time { return v.RunFields.UpdatedAt }
-
-// GetFinishedAt returns getRunRun.FinishedAt, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetFinishedAt() *time.Time { return v.RunFields.FinishedAt }
-
-// GetParentRunId returns getRunRun.ParentRunId, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
-
-// GetParentNode returns getRunRun.ParentNode, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetParentNode() *string { return v.RunFields.ParentNode }
-
-// GetConcurrencyKey returns getRunRun.ConcurrencyKey, and is useful for accessing the field via an interface.
-func (v *getRunRun) GetConcurrencyKey() *string { return v.RunFields.ConcurrencyKey }
-
 // GetTasks returns getRunRun.Tasks, and is useful for accessing the field via an interface.
 func (v *getRunRun) GetTasks() []RunFieldsTasksTask { return v.RunFields.Tasks }
+
+// GetId returns getRunRun.Id, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetId() string { return v.RunFields.RunWritten.Id }
+
+// GetWorkflowId returns getRunRun.WorkflowId, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetWorkflowId() string { return v.RunFields.RunWritten.WorkflowId }
+
+// GetWorkflowVersion returns getRunRun.WorkflowVersion, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetWorkflowVersion() int { return v.RunFields.RunWritten.WorkflowVersion }
+
+// GetStatus returns getRunRun.Status, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetStatus() RunStatus { return v.RunFields.RunWritten.Status }
+
+// GetInput returns getRunRun.Input, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetInput() json.RawMessage { return v.RunFields.RunWritten.Input }
+
+// GetOutput returns getRunRun.Output, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetOutput() *json.RawMessage { return v.RunFields.RunWritten.Output }
+
+// GetError returns getRunRun.Error, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetError() *json.RawMessage { return v.RunFields.RunWritten.Error }
+
+// GetIdempotencyKey returns getRunRun.IdempotencyKey, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetIdempotencyKey() *string { return v.RunFields.RunWritten.IdempotencyKey }
+
+// GetPriority returns getRunRun.Priority, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetPriority() int { return v.RunFields.RunWritten.Priority }
+
+// GetCreatedAt returns getRunRun.CreatedAt, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetCreatedAt() time.Time { return v.RunFields.RunWritten.CreatedAt }
+
+// GetUpdatedAt returns getRunRun.UpdatedAt, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetUpdatedAt() time.Time { return v.RunFields.RunWritten.UpdatedAt }
+
+// GetFinishedAt returns getRunRun.FinishedAt, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetFinishedAt() *time.Time { return v.RunFields.RunWritten.FinishedAt }
+
+// GetParentRunId returns getRunRun.ParentRunId, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetParentRunId() *string { return v.RunFields.RunWritten.ParentRunId }
+
+// GetParentNode returns getRunRun.ParentNode, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetParentNode() *string { return v.RunFields.RunWritten.ParentNode }
+
+// GetConcurrencyKey returns getRunRun.ConcurrencyKey, and is useful for accessing the field via an interface.
+func (v *getRunRun) GetConcurrencyKey() *string { return v.RunFields.RunWritten.ConcurrencyKey }
 
 func (v *getRunRun) UnmarshalJSON(b []byte) error {
 
@@ -2610,9 +2732,11 @@ func (v *getRunRun) UnmarshalJSON(b []byte) error {
 }
 
 type __premarshalgetRunRun struct {
+	Tasks []RunFieldsTasksTask `json:"tasks"`
+
 	Id string `json:"id"`
 
-	Workflow RunFieldsWorkflow `json:"workflow"`
+	WorkflowId string `json:"workflowId"`
 
 	WorkflowVersion int `json:"workflowVersion"`
 
@@ -2639,8 +2763,6 @@ type __premarshalgetRunRun struct {
 	ParentNode *string `json:"parentNode"`
 
 	ConcurrencyKey *string `json:"concurrencyKey"`
-
-	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
 func (v *getRunRun) MarshalJSON() ([]byte, error) {
@@ -2654,22 +2776,22 @@ func (v *getRunRun) MarshalJSON() ([]byte, error) {
 func (v *getRunRun) __premarshalJSON() (*__premarshalgetRunRun, error) {
 	var retval __premarshalgetRunRun
 
-	retval.Id = v.RunFields.Id
-	retval.Workflow = v.RunFields.Workflow
-	retval.WorkflowVersion = v.RunFields.WorkflowVersion
-	retval.Status = v.RunFields.Status
-	retval.Input = v.RunFields.Input
-	retval.Output = v.RunFields.Output
-	retval.Error = v.RunFields.Error
-	retval.IdempotencyKey = v.RunFields.IdempotencyKey
-	retval.Priority = v.RunFields.Priority
-	retval.CreatedAt = v.RunFields.CreatedAt
-	retval.UpdatedAt = v.RunFields.UpdatedAt
-	retval.FinishedAt = v.RunFields.FinishedAt
-	retval.ParentRunId = v.RunFields.ParentRunId
-	retval.ParentNode = v.RunFields.ParentNode
-	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
 	retval.Tasks = v.RunFields.Tasks
+	retval.Id = v.RunFields.RunWritten.Id
+	retval.WorkflowId = v.RunFields.RunWritten.WorkflowId
+	retval.WorkflowVersion = v.RunFields.RunWritten.WorkflowVersion
+	retval.Status = v.RunFields.RunWritten.Status
+	retval.Input = v.RunFields.RunWritten.Input
+	retval.Output = v.RunFields.RunWritten.Output
+	retval.Error = v.RunFields.RunWritten.Error
+	retval.IdempotencyKey = v.RunFields.RunWritten.IdempotencyKey
+	retval.Priority = v.RunFields.RunWritten.Priority
+	retval.CreatedAt = v.RunFields.RunWritten.CreatedAt
+	retval.UpdatedAt = v.RunFields.RunWritten.UpdatedAt
+	retval.FinishedAt = v.RunFields.RunWritten.FinishedAt
+	retval.ParentRunId = v.RunFields.RunWritten.ParentRunId
+	retval.ParentNode = v.RunFields.RunWritten.ParentNode
+	retval.ConcurrencyKey = v.RunFields.RunWritten.ConcurrencyKey
 	return &retval, nil
 }
 
@@ -4642,67 +4764,62 @@ func (v *startRunStartRunStartRunPayload) GetRun() startRunStartRunStartRunPaylo
 
 // startRunStartRunStartRunPayloadRun includes the requested fields of the GraphQL type Run.
 type startRunStartRunStartRunPayloadRun struct {
-	RunFields `json:"-"`
+	RunWritten `json:"-"`
 }
 
 // GetId returns startRunStartRunStartRunPayloadRun.Id, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetId() string { return v.RunFields.Id }
+func (v *startRunStartRunStartRunPayloadRun) GetId() string { return v.RunWritten.Id }
 
-// GetWorkflow returns startRunStartRunStartRunPayloadRun.Workflow, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetWorkflow() RunFieldsWorkflow {
-	return v.RunFields.Workflow
-}
+// GetWorkflowId returns startRunStartRunStartRunPayloadRun.WorkflowId, and is useful for accessing the field via an interface.
+func (v *startRunStartRunStartRunPayloadRun) GetWorkflowId() string { return v.RunWritten.WorkflowId }
 
 // GetWorkflowVersion returns startRunStartRunStartRunPayloadRun.WorkflowVersion, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetWorkflowVersion() int {
-	return v.RunFields.WorkflowVersion
+	return v.RunWritten.WorkflowVersion
 }
 
 // GetStatus returns startRunStartRunStartRunPayloadRun.Status, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetStatus() RunStatus { return v.RunFields.Status }
+func (v *startRunStartRunStartRunPayloadRun) GetStatus() RunStatus { return v.RunWritten.Status }
 
 // GetInput returns startRunStartRunStartRunPayloadRun.Input, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetInput() json.RawMessage { return v.RunFields.Input }
+func (v *startRunStartRunStartRunPayloadRun) GetInput() json.RawMessage { return v.RunWritten.Input }
 
 // GetOutput returns startRunStartRunStartRunPayloadRun.Output, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetOutput() *json.RawMessage { return v.RunFields.Output }
+func (v *startRunStartRunStartRunPayloadRun) GetOutput() *json.RawMessage { return v.RunWritten.Output }
 
 // GetError returns startRunStartRunStartRunPayloadRun.Error, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetError() *json.RawMessage { return v.RunFields.Error }
+func (v *startRunStartRunStartRunPayloadRun) GetError() *json.RawMessage { return v.RunWritten.Error }
 
 // GetIdempotencyKey returns startRunStartRunStartRunPayloadRun.IdempotencyKey, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetIdempotencyKey() *string {
-	return v.RunFields.IdempotencyKey
+	return v.RunWritten.IdempotencyKey
 }
 
 // GetPriority returns startRunStartRunStartRunPayloadRun.Priority, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetPriority() int { return v.RunFields.Priority }
+func (v *startRunStartRunStartRunPayloadRun) GetPriority() int { return v.RunWritten.Priority }
 
 // GetCreatedAt returns startRunStartRunStartRunPayloadRun.CreatedAt, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetCreatedAt() time.Time { return v.RunFields.CreatedAt }
+func (v *startRunStartRunStartRunPayloadRun) GetCreatedAt() time.Time { return v.RunWritten.CreatedAt }
 
 // GetUpdatedAt returns startRunStartRunStartRunPayloadRun.UpdatedAt, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetUpdatedAt() time.Time { return v.RunFields.UpdatedAt }
+func (v *startRunStartRunStartRunPayloadRun) GetUpdatedAt() time.Time { return v.RunWritten.UpdatedAt }
 
 // GetFinishedAt returns startRunStartRunStartRunPayloadRun.FinishedAt, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetFinishedAt() *time.Time {
-	return v.RunFields.FinishedAt
+	return v.RunWritten.FinishedAt
 }
 
 // GetParentRunId returns startRunStartRunStartRunPayloadRun.ParentRunId, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetParentRunId() *string { return v.RunFields.ParentRunId }
+func (v *startRunStartRunStartRunPayloadRun) GetParentRunId() *string {
+	return v.RunWritten.ParentRunId
+}
 
 // GetParentNode returns startRunStartRunStartRunPayloadRun.ParentNode, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetParentNode() *string { return v.RunFields.ParentNode }
+func (v *startRunStartRunStartRunPayloadRun) GetParentNode() *string { return v.RunWritten.ParentNode }
 
 // GetConcurrencyKey returns startRunStartRunStartRunPayloadRun.ConcurrencyKey, and is useful for accessing the field via an interface.
 func (v *startRunStartRunStartRunPayloadRun) GetConcurrencyKey() *string {
-	return v.RunFields.ConcurrencyKey
-}
-
-// GetTasks returns startRunStartRunStartRunPayloadRun.Tasks, and is useful for accessing the field via an interface.
-func (v *startRunStartRunStartRunPayloadRun) GetTasks() []RunFieldsTasksTask {
-	return v.RunFields.Tasks
+	return v.RunWritten.ConcurrencyKey
 }
 
 func (v *startRunStartRunStartRunPayloadRun) UnmarshalJSON(b []byte) error {
@@ -4723,7 +4840,7 @@ func (v *startRunStartRunStartRunPayloadRun) UnmarshalJSON(b []byte) error {
 	}
 
 	err = json.Unmarshal(
-		b, &v.RunFields)
+		b, &v.RunWritten)
 	if err != nil {
 		return err
 	}
@@ -4733,7 +4850,7 @@ func (v *startRunStartRunStartRunPayloadRun) UnmarshalJSON(b []byte) error {
 type __premarshalstartRunStartRunStartRunPayloadRun struct {
 	Id string `json:"id"`
 
-	Workflow RunFieldsWorkflow `json:"workflow"`
+	WorkflowId string `json:"workflowId"`
 
 	WorkflowVersion int `json:"workflowVersion"`
 
@@ -4760,8 +4877,6 @@ type __premarshalstartRunStartRunStartRunPayloadRun struct {
 	ParentNode *string `json:"parentNode"`
 
 	ConcurrencyKey *string `json:"concurrencyKey"`
-
-	Tasks []RunFieldsTasksTask `json:"tasks"`
 }
 
 func (v *startRunStartRunStartRunPayloadRun) MarshalJSON() ([]byte, error) {
@@ -4775,22 +4890,21 @@ func (v *startRunStartRunStartRunPayloadRun) MarshalJSON() ([]byte, error) {
 func (v *startRunStartRunStartRunPayloadRun) __premarshalJSON() (*__premarshalstartRunStartRunStartRunPayloadRun, error) {
 	var retval __premarshalstartRunStartRunStartRunPayloadRun
 
-	retval.Id = v.RunFields.Id
-	retval.Workflow = v.RunFields.Workflow
-	retval.WorkflowVersion = v.RunFields.WorkflowVersion
-	retval.Status = v.RunFields.Status
-	retval.Input = v.RunFields.Input
-	retval.Output = v.RunFields.Output
-	retval.Error = v.RunFields.Error
-	retval.IdempotencyKey = v.RunFields.IdempotencyKey
-	retval.Priority = v.RunFields.Priority
-	retval.CreatedAt = v.RunFields.CreatedAt
-	retval.UpdatedAt = v.RunFields.UpdatedAt
-	retval.FinishedAt = v.RunFields.FinishedAt
-	retval.ParentRunId = v.RunFields.ParentRunId
-	retval.ParentNode = v.RunFields.ParentNode
-	retval.ConcurrencyKey = v.RunFields.ConcurrencyKey
-	retval.Tasks = v.RunFields.Tasks
+	retval.Id = v.RunWritten.Id
+	retval.WorkflowId = v.RunWritten.WorkflowId
+	retval.WorkflowVersion = v.RunWritten.WorkflowVersion
+	retval.Status = v.RunWritten.Status
+	retval.Input = v.RunWritten.Input
+	retval.Output = v.RunWritten.Output
+	retval.Error = v.RunWritten.Error
+	retval.IdempotencyKey = v.RunWritten.IdempotencyKey
+	retval.Priority = v.RunWritten.Priority
+	retval.CreatedAt = v.RunWritten.CreatedAt
+	retval.UpdatedAt = v.RunWritten.UpdatedAt
+	retval.FinishedAt = v.RunWritten.FinishedAt
+	retval.ParentRunId = v.RunWritten.ParentRunId
+	retval.ParentNode = v.RunWritten.ParentNode
+	retval.ConcurrencyKey = v.RunWritten.ConcurrencyKey
 	return &retval, nil
 }
 
@@ -5341,15 +5455,12 @@ func cancelBulkOperation(
 const cancelRun_Operation = `
 mutation cancelRun ($id: ID!, $reason: String) {
 	cancelRun(id: $id, reason: $reason) {
-		... RunFields
+		... RunWritten
 	}
 }
-fragment RunFields on Run {
+fragment RunWritten on Run {
 	id
-	workflow {
-		id
-		name
-	}
+	workflowId
 	workflowVersion
 	status
 	input
@@ -5363,21 +5474,6 @@ fragment RunFields on Run {
 	parentRunId
 	parentNode
 	concurrencyKey
-	tasks {
-		id
-		nodeId
-		nodeType
-		queue
-		handler
-		state
-		attempt
-		maxAttempts
-		output
-		lastError
-		startedAt
-		finishedAt
-		childRunId
-	}
 }
 `
 
@@ -5805,24 +5901,7 @@ query getRun ($id: ID!) {
 	}
 }
 fragment RunFields on Run {
-	id
-	workflow {
-		id
-		name
-	}
-	workflowVersion
-	status
-	input
-	output
-	error
-	idempotencyKey
-	priority
-	createdAt
-	updatedAt
-	finishedAt
-	parentRunId
-	parentNode
-	concurrencyKey
+	... RunWritten
 	tasks {
 		id
 		nodeId
@@ -5838,6 +5917,23 @@ fragment RunFields on Run {
 		finishedAt
 		childRunId
 	}
+}
+fragment RunWritten on Run {
+	id
+	workflowId
+	workflowVersion
+	status
+	input
+	output
+	error
+	idempotencyKey
+	priority
+	createdAt
+	updatedAt
+	finishedAt
+	parentRunId
+	parentNode
+	concurrencyKey
 }
 `
 
@@ -6636,16 +6732,13 @@ mutation startRun ($input: StartRunInput!) {
 	startRun(input: $input) {
 		created
 		run {
-			... RunFields
+			... RunWritten
 		}
 	}
 }
-fragment RunFields on Run {
+fragment RunWritten on Run {
 	id
-	workflow {
-		id
-		name
-	}
+	workflowId
 	workflowVersion
 	status
 	input
@@ -6659,21 +6752,6 @@ fragment RunFields on Run {
 	parentRunId
 	parentNode
 	concurrencyKey
-	tasks {
-		id
-		nodeId
-		nodeType
-		queue
-		handler
-		state
-		attempt
-		maxAttempts
-		output
-		lastError
-		startedAt
-		finishedAt
-		childRunId
-	}
 }
 `
 

@@ -134,6 +134,10 @@ type Worker struct {
 
 type execution struct {
 	cancel context.CancelCauseFunc
+	// settled (under Worker.mu) is set once the attempt's result is being
+	// reported or the attempt ended: the lease's end is then the report's
+	// doing (or already handled), and a renewal's "not held" is no loss.
+	settled bool
 }
 
 // New returns a worker for the server at serverURL (e.g.
@@ -405,15 +409,29 @@ func (w *Worker) start(execCtx context.Context, l taskapi.Lease) {
 // function that unregisters it.
 func (w *Worker) hold(execCtx context.Context, l taskapi.Lease) (context.Context, func()) {
 	ctx, cancel := context.WithCancelCause(execCtx)
+	e := &execution{cancel: cancel}
 	w.mu.Lock()
-	w.inflight[l.Ref] = &execution{cancel: cancel}
+	w.inflight[l.Ref] = e
 	w.mu.Unlock()
 	return ctx, func() {
 		w.mu.Lock()
+		e.settled = true
 		delete(w.inflight, l.Ref)
 		w.mu.Unlock()
 		cancel(nil)
 	}
+}
+
+// settle marks the attempt of ref as being reported, before its report is
+// sent: a renewal answering after the report took the lease (the task is
+// done) is not a lost lease. Renewals go on meanwhile, for a report that
+// takes retries.
+func (w *Worker) settle(ref taskapi.Ref) {
+	w.mu.Lock()
+	if e := w.inflight[ref]; e != nil {
+		e.settled = true
+	}
+	w.mu.Unlock()
 }
 
 // execute runs one attempt and reports it; it returns the run's next task
@@ -463,6 +481,7 @@ func (w *Worker) execute(execCtx context.Context, l taskapi.Lease, since time.Ti
 		span.SetStatus(codes.Error, "lease lost")
 		return nil
 	}
+	w.settle(l.Ref)
 	reportCtx := trace.ContextWithSpan(execCtx, span)
 	if execCtx.Err() != nil {
 		var cancel context.CancelFunc
@@ -579,11 +598,13 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			w.log.Warn("heartbeat failed", "error", err)
 			continue
 		}
+		w.mu.Lock()
 		for i, r := range res.Leases {
-			if !r.Held {
+			if !r.Held && !execs[i].settled {
 				w.log.Info("lease lost", "task_id", refs[i].Task.String(), "attempt", refs[i].Attempt)
 				execs[i].cancel(ErrLeaseLost)
 			}
 		}
+		w.mu.Unlock()
 	}
 }

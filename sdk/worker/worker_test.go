@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -334,4 +335,107 @@ func TestRegistrationMistakesPanic(t *testing.T) {
 	empty, err := worker.New("http://127.0.0.1:1", "cmp_x", worker.Options{NoSignals: true})
 	require.NoError(t, err)
 	assert.ErrorContains(t, empty.Run(context.Background()), "register at least one handler")
+}
+
+// TestACompletedTaskIsNoLostLease: a heartbeat sent while the task runs is
+// answered after the task's success was reported — the server no longer
+// holds the lease, because the task is done. The worker does not take
+// that for a lost lease: no "lease lost" is logged and the run completes.
+// The test's transport holds the heartbeat until the report's answer
+// arrived, so the race happens every time.
+func TestACompletedTaskIsNoLostLease(t *testing.T) {
+	t.Parallel()
+	sys := apptest.Start(t)
+	renewSent := make(chan struct{})
+	reported := make(chan struct{})
+	answered := make(chan []bool, 1)
+	var sentOnce, reportedOnce sync.Once
+	transport := roundTrip(func(r *http.Request) (*http.Response, error) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/tasks/renew"):
+			sentOnce.Do(func() { close(renewSent) })
+			select {
+			case <-reported:
+			case <-r.Context().Done():
+				return nil, r.Context().Err()
+			}
+			resp, err := http.DefaultTransport.RoundTrip(r)
+			if err != nil {
+				return resp, err
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+			var out struct{ Leases []struct{ Held bool } }
+			if json.Unmarshal(body, &out) == nil && err == nil {
+				held := make([]bool, len(out.Leases))
+				for i, l := range out.Leases {
+					held[i] = l.Held
+				}
+				select {
+				case answered <- held:
+				default:
+				}
+			}
+			return resp, err
+		case strings.HasSuffix(r.URL.Path, "/tasks/complete"):
+			resp, err := http.DefaultTransport.RoundTrip(r)
+			if err == nil {
+				reportedOnce.Do(func() { close(reported) })
+			}
+			return resp, err
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})
+	logs := &logged{}
+	_, stop, _ := sys.StartSDKWorker(func(w *worker.Worker) {
+		w.HandleRaw("quick", func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+			<-renewSent // a heartbeat for this task is on its way
+			return json.RawMessage(`{"ok": true}`), nil
+		})
+	}, apptest.SDKWorkerOptions{Options: func(o *worker.Options) {
+		o.LeaseTTL = 3 * time.Second // a heartbeat every second, each given a second
+		o.HTTPClient = &http.Client{Transport: transport}
+		o.Logger = slog.New(logs)
+	}})
+	run, _ := sys.WaitRun(sys.StartRun(sys.Workflow(`{"nodes":[{"id":"q","type":"task","task":{"handler":"quick"}}]}`), `{}`), 20*time.Second)
+	require.Equal(t, "completed", run.Status)
+	var held []bool
+	select {
+	case held = <-answered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held heartbeat was never answered")
+	}
+	assert.Equal(t, []bool{false}, held, "the heartbeat was answered after the task was done")
+	stop() // the renew loop has handled the answer once Run returned
+	assert.Contains(t, logs.messages(), "worker stopped")
+	assert.NotContains(t, logs.messages(), "lease lost")
+}
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// logged is a slog handler keeping the messages the worker logged (safe
+// for its goroutines).
+type logged struct {
+	mu  sync.Mutex
+	msg []string
+}
+
+func (l *logged) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logged) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logged) WithGroup(string) slog.Handler            { return l }
+
+func (l *logged) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msg = append(l.msg, r.Message)
+	return nil
+}
+
+func (l *logged) messages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msg...)
 }
