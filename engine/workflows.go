@@ -65,7 +65,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 	if len(description) > 2000 {
 		return Workflow{}, Version{}, errs.E(errs.Invalid, "description is longer than 2000 characters")
 	}
-	wf, err := dag.Parse(definition)
+	wf, err := dag.ParseForPublish(definition)
 	if err != nil {
 		return Workflow{}, Version{}, invalidDefinition(err)
 	}
@@ -97,7 +97,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 
 // PublishVersion adds the next version of a workflow.
 func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uuid.UUID, definition []byte) (Version, error) {
-	wf, err := dag.Parse(definition)
+	wf, err := dag.ParseForPublish(definition)
 	if err != nil {
 		return Version{}, invalidDefinition(err)
 	}
@@ -227,6 +227,18 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	d.entries[k] = c
 	d.mu.Unlock()
 	return c, nil
+}
+
+// Definition is the parsed definition of a workflow version of tx's
+// tenant (cached: versions are immutable), for readers that decide what a
+// run's values may show (dag.Workflow.SecretDerived) and who may answer
+// its approvals.
+func (c *Coordinator) Definition(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, version int) (*dag.Workflow, error) {
+	d, err := c.defs.load(ctx, tx, workflow, version)
+	if err != nil {
+		return nil, err
+	}
+	return d.wf, nil
 }
 
 // nodeConfig is what a worker needs to run a task of n: its request as

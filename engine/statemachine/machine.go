@@ -543,8 +543,11 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 			if sig.Name != n.Wait.Signal {
 				continue
 			}
-			if n.Wait.Approval && n.Wait.Approvers.Refusal(sig.By, m.run.StartedBy) != "" {
-				continue // kept before the policy was checked (a legacy signal): not an approval of this node
+			if n.Wait.Approval && n.Wait.Approvers != nil && sig.By.Kind == "" {
+				// Kept with no sender (before senders were recorded): no
+				// approval of a node with a policy. (One with a sender was
+				// held to every approval policy of its name when it came.)
+				continue
 			}
 			// A signal that arrived earlier resolves the node as it is created.
 			m.run.Signals = append(m.run.Signals[:i:i], m.run.Signals[i+1:]...)
