@@ -184,13 +184,18 @@ type defKey struct {
 
 func newDefCache(max int) *defCache { return &defCache{entries: map[defKey]*compiled{}, max: max} }
 
+// cached is the entry of k, or nil.
+func (d *defCache) cached(k defKey) *compiled {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.entries[k]
+}
+
 // load returns the compiled definition, reading it through tx (so row-level
 // security applies) on a miss.
 func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, version int) (*compiled, error) {
 	k := defKey{tx.Tenant, workflow, version}
-	d.mu.Lock()
-	c := d.entries[k]
-	d.mu.Unlock()
+	c := d.cached(k)
 	if c != nil {
 		return c, nil
 	}
@@ -229,16 +234,23 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	return c, nil
 }
 
-// Definition is the parsed definition of a workflow version of tx's
-// tenant (cached: versions are immutable), for readers that decide what a
-// run's values may show (dag.Workflow.SecretDerived) and who may answer
-// its approvals.
-func (c *Coordinator) Definition(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, version int) (*dag.Workflow, error) {
-	d, err := c.defs.load(ctx, tx, workflow, version)
-	if err != nil {
-		return nil, err
+// DefinitionOf is the parsed definition of a workflow version of the
+// tenant, for readers that decide what a run's values may show
+// (dag.Workflow.SecretDerived) and who may answer its approvals. Versions
+// are immutable: it is read once (in the tenant's scope) and then cached.
+func (c *Coordinator) DefinitionOf(ctx context.Context, tenant, workflow uuid.UUID, version int) (*dag.Workflow, error) {
+	if d := c.defs.cached(defKey{tenant, workflow, version}); d != nil {
+		return d.wf, nil
 	}
-	return d.wf, nil
+	var wf *dag.Workflow
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
+		d, err := c.defs.load(ctx, tx, workflow, version)
+		if err == nil {
+			wf = d.wf
+		}
+		return err
+	})
+	return wf, err
 }
 
 // nodeConfig is what a worker needs to run a task of n: its request as

@@ -14,6 +14,7 @@
 -- such a run counts as derived from a secret, which the API shows only to
 -- principals with secrets:outputs. Which nodes of a run derive from a
 -- secret otherwise follows from its definition (engine/dag, secrets.go).
+-- API keys may hold secrets:outputs, the scope that reads them.
 
 -- +goose Up
 ALTER TABLE workflow_runs
@@ -21,6 +22,16 @@ ALTER TABLE workflow_runs
     ADD COLUMN secret_input boolean NOT NULL DEFAULT false;
 ALTER TABLE run_signals ADD COLUMN sent_by text CHECK (length(sent_by) BETWEEN 3 AND 300);
 
+ALTER TABLE api_keys DROP CONSTRAINT api_keys_scopes_check;
+ALTER TABLE api_keys ADD CONSTRAINT api_keys_scopes_check CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['runs:read', 'runs:write',
+    'workflows:read', 'workflows:write', 'keys:manage', 'members:manage', 'webhooks:manage',
+    'billing:read', 'worker', 'events:write', 'secrets:manage', 'secrets:outputs', 'admin']);
+
 -- +goose Down
+UPDATE api_keys SET scopes = array_remove(scopes, 'secrets:outputs') WHERE 'secrets:outputs' = ANY (scopes) AND cardinality(scopes) > 1;
+ALTER TABLE api_keys DROP CONSTRAINT api_keys_scopes_check;
+ALTER TABLE api_keys ADD CONSTRAINT api_keys_scopes_check CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['runs:read', 'runs:write',
+    'workflows:read', 'workflows:write', 'keys:manage', 'members:manage', 'webhooks:manage',
+    'billing:read', 'worker', 'events:write', 'secrets:manage', 'admin']);
 ALTER TABLE run_signals DROP COLUMN sent_by;
 ALTER TABLE workflow_runs DROP COLUMN secret_input, DROP COLUMN started_by;
