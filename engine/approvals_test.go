@@ -10,6 +10,7 @@ import (
 
 	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/internal/errs"
+	"github.com/composer-dev/composer/internal/pg"
 )
 
 var (
@@ -143,6 +144,31 @@ func TestLiteralCredentialsAreRefusedAtPublish(t *testing.T) {
 	_, err = f.c.PublishVersion(ctx, f.tenant, wf, []byte(def))
 	require.Equal(t, errs.Invalid, errs.KindOf(err))
 	assert.Equal(t, 1, f.count(`SELECT count(*) FROM workflow_versions WHERE workflow_id = $1`, wf))
+}
+
+// TestStoredLiteralCredentialsAreFound: the operator's scan names every
+// stored version that writes a credential literally (as one published
+// before they were refused may), and no clean one; such a version still
+// runs.
+func TestStoredLiteralCredentialsAreFound(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	wf := f.workflow(`{"nodes":[{"id":"call","type":"http","http":{"method":"GET","url":"https://api.example.com/","headers":{"Authorization":"Bearer {{ secrets.T }}"}}}]}`)
+	require.NoError(t, f.db.WithTenant(ctx, f.tenant, func(ctx context.Context, tx *pg.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE workflow_definitions SET latest_version = 2 WHERE tenant_id = $1 AND id = $2`, f.tenant, wf); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition) VALUES ($1, $2, 2, $3)`, f.tenant, wf,
+			`{"nodes":[{"id":"call","type":"http","http":{"method":"GET","url":"https://api.example.com/?key=k1","headers":{"X-Api-Key":"sk_live_1"}}}]}`)
+		return err
+	}))
+	var found []StoredCredential
+	require.NoError(t, StoredCredentials(ctx, f.db, func(c StoredCredential) { found = append(found, c) }))
+	require.Len(t, found, 1)
+	assert.Equal(t, StoredCredential{Tenant: f.tenant, Workflow: wf, Version: 2, Fields: []string{"call http.headers.X-Api-Key", "call http.url"}}, found[0])
+	_, err := f.c.StartRun(ctx, f.tenant, StartRun{WorkflowID: wf, Version: 2})
+	require.NoError(t, err)
 }
 
 func (f *fixture) text(query string, args ...any) string {

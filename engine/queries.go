@@ -660,6 +660,8 @@ const (
 	qBumpVersion = `UPDATE workflow_definitions SET latest_version = latest_version + 1, updated_at = now()
 			WHERE tenant_id = $1 AND id = $2 RETURNING latest_version`
 	qLoadDefinition = `SELECT definition FROM workflow_versions WHERE tenant_id = $1 AND workflow_id = $2 AND version = $3`
+	// (The system role, for an operator's scan of every tenant.)
+	qAllDefinitions = `SELECT tenant_id, workflow_id, version, definition FROM workflow_versions ORDER BY tenant_id, workflow_id, version`
 )
 
 const activeStates = `('pending', 'running', 'waiting')`

@@ -253,6 +253,44 @@ func (c *Coordinator) DefinitionOf(ctx context.Context, tenant, workflow uuid.UU
 	return wf, err
 }
 
+// StoredCredential is a stored version that writes a credential into an
+// http step literally: one published before publishing refused that.
+type StoredCredential struct {
+	Tenant, Workflow uuid.UUID
+	Version          int
+	// Fields name each, as "<node> <field>" (e.g. "call http.headers.Authorization").
+	Fields []string
+}
+
+// StoredCredentials reports every stored version of every tenant that
+// writes a credential literally, for the operator to have moved into
+// secrets (a migration cannot seal them: it has no key, and versions are
+// immutable). It reads as the system role, a version at a time.
+func StoredCredentials(ctx context.Context, db *pg.DB, visit func(StoredCredential)) error {
+	return db.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
+		rows, err := tx.Query(ctx, qAllDefinitions)
+		if err != nil {
+			return fmt.Errorf("read definitions: %w", err)
+		}
+		var c StoredCredential
+		var raw []byte
+		_, err = pgx.ForEachRow(rows, []any{&c.Tenant, &c.Workflow, &c.Version, &raw}, func() error {
+			wf, err := dag.Parse(raw)
+			if err != nil {
+				return nil // (a version that no longer parses runs nothing)
+			}
+			if c.Fields = wf.LiteralCredentials(); len(c.Fields) > 0 {
+				visit(c)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read definitions: %w", err)
+		}
+		return nil
+	})
+}
+
 // nodeConfig is what a worker needs to run a task of n: its request as
 // rendered by the state machine for the task (req), or, for a node whose
 // request is not templated, the definition's.
