@@ -464,26 +464,12 @@ func (r *runResolver) Input(ctx context.Context, obj *engine.RunView) (json.RawM
 
 // Output is the resolver for the output field.
 func (r *runResolver) Output(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
-	if len(obj.Output) == 0 || seesSecretOutputs(ctx) {
-		return obj.Output, nil
-	}
-	s, err := r.secretScope(ctx, obj)
-	if err != nil {
-		return nil, err
-	}
-	return hide(obj.Output, s.run(), false), nil
+	return r.runValue(ctx, obj, obj.Output, hide)
 }
 
 // Error is the resolver for the error field.
 func (r *runResolver) Error(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
-	if len(obj.Error) == 0 || seesSecretOutputs(ctx) {
-		return obj.Error, nil
-	}
-	s, err := r.secretScope(ctx, obj)
-	if err != nil {
-		return nil, err
-	}
-	return hideError(obj.Error, s.run(), false), nil
+	return r.runValue(ctx, obj, obj.Error, hideError)
 }
 
 // Metadata is the resolver for the metadata field.

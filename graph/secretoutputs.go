@@ -90,6 +90,20 @@ func hideError(v json.RawMessage, derived, sees bool) json.RawMessage {
 	return out
 }
 
+// runValue is the run's output or error (v) as the principal may read
+// it, hidden by hider when the run's output and error are derived.
+func (r *Resolver) runValue(ctx context.Context, run *engine.RunView, v json.RawMessage,
+	hider func(v json.RawMessage, derived, sees bool) json.RawMessage) (json.RawMessage, error) {
+	if len(v) == 0 || seesSecretOutputs(ctx) {
+		return v, nil
+	}
+	s, err := r.secretScope(ctx, run)
+	if err != nil {
+		return nil, err
+	}
+	return hider(v, s.run(), false), nil
+}
+
 // secretTasks returns the run's tasks marked (TaskView.SecretDerived) and,
 // for a principal without secrets:outputs, with derived values hidden. The
 // tasks are copied: the loaders' and a live snapshot's are shared.
