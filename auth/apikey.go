@@ -147,6 +147,9 @@ const (
 	// ScopeSecretsManage creates, updates, deletes and lists secrets
 	// (never their values).
 	ScopeSecretsManage = "secrets:manage"
+	// ScopeSecretOutputs reads what steps that use secrets produced
+	// (ActionSecretOutputsRead).
+	ScopeSecretOutputs = "secrets:outputs"
 	// ScopeAdmin grants every action.
 	ScopeAdmin = "admin"
 )
@@ -154,7 +157,7 @@ const (
 // AllScopes returns every scope, in a stable order.
 func AllScopes() []string {
 	return []string{ScopeRunsRead, ScopeRunsWrite, ScopeWorkflowsRead, ScopeWorkflowsWrite, ScopeKeysManage,
-		ScopeMembersManage, ScopeWebhooksManage, ScopeBillingRead, ScopeWorker, ScopeEventsWrite, ScopeSecretsManage, ScopeAdmin}
+		ScopeMembersManage, ScopeWebhooksManage, ScopeBillingRead, ScopeWorker, ScopeEventsWrite, ScopeSecretsManage, ScopeSecretOutputs, ScopeAdmin}
 }
 
 // normalizeScopes rejects unknown scopes and returns the rest sorted and

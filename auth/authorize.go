@@ -48,6 +48,14 @@ const (
 	// ActionAuditRead reads and verifies the tenant's audit log: owners
 	// and admins, and admin-scope keys (no narrower scope grants it).
 	ActionAuditRead Action = "audit:read"
+	// ActionSecretOutputs reads what steps that use a secret produced —
+	// their inputs, outputs and errors, those of every step downstream of
+	// them, the run's output and error — in which a receiver may echo the
+	// secret in any encoding; without it the API hides those values. It
+	// reads no secret's value (nothing does). Owners, admins and
+	// developers hold it (they may write workflows, so they could send a
+	// secret anywhere anyway); keys by the secrets:outputs scope.
+	ActionSecretOutputs Action = "secrets:outputs"
 )
 
 // actionScope is the API key scope that grants each action (ScopeAdmin
@@ -65,12 +73,14 @@ var actionScope = map[Action]string{
 	ActionEventsWrite:    ScopeEventsWrite,
 	ActionSecretsManage:  ScopeSecretsManage,
 	ActionAuditRead:      ScopeAdmin,
+	ActionSecretOutputs:  ScopeSecretOutputs,
 }
 
 // AllActions returns every action, in a stable order.
 func AllActions() []Action {
 	return []Action{ActionRunsRead, ActionRunsWrite, ActionWorkflowsRead, ActionWorkflowsWrite, ActionKeysManage,
-		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite, ActionSecretsManage, ActionAuditRead}
+		ActionMembersManage, ActionWebhooksManage, ActionBillingRead, ActionWorkerTasks, ActionEventsWrite, ActionSecretsManage, ActionAuditRead,
+		ActionSecretOutputs}
 }
 
 // Authorizer answers whether a principal may perform an action. Users are

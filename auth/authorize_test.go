@@ -44,7 +44,7 @@ func TestRolePermissions(t *testing.T) {
 		auth.RoleOwner: everything,
 		auth.RoleAdmin: everything,
 		auth.RoleDeveloper: {auth.ActionRunsRead, auth.ActionRunsWrite, auth.ActionWorkflowsRead,
-			auth.ActionWorkflowsWrite, auth.ActionBillingRead, auth.ActionEventsWrite},
+			auth.ActionWorkflowsWrite, auth.ActionBillingRead, auth.ActionEventsWrite, auth.ActionSecretOutputs},
 		auth.RoleViewer: {auth.ActionRunsRead, auth.ActionWorkflowsRead, auth.ActionBillingRead},
 	}
 	for role := range want {
@@ -100,6 +100,8 @@ func TestAPIKeyScopes(t *testing.T) {
 		{[]string{"worker"}, auth.ActionWorkerTasks, true},
 		{[]string{"worker"}, auth.ActionRunsRead, false},
 		{[]string{"runs:read"}, auth.ActionWorkerTasks, false},
+		{[]string{"secrets:outputs"}, auth.ActionSecretOutputs, true},
+		{[]string{"runs:read", "secrets:manage"}, auth.ActionSecretOutputs, false},
 		{nil, auth.ActionRunsRead, false},
 	}
 	for _, action := range auth.AllActions() {

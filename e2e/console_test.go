@@ -479,6 +479,28 @@ func TestConsoleInTheBrowser(t *testing.T) {
 	)
 	assert.True(t, sort.SliceIsSorted(pages, func(i, j int) bool { return pages[i] > pages[j] }), "newest first, no repeats: %v", pages)
 
+	// An approval with a policy says who may answer it, and the one who
+	// started the run finds the buttons disabled and is told why.
+	var gated struct {
+		CreateWorkflow struct{ Workflow struct{ ID string } }
+	}
+	gqlCall(t, base, owner, `mutation($d: JSON!) { createWorkflow(input: {name: "gated", definition: $d}) { workflow { id } } }`,
+		map[string]any{"d": json.RawMessage(`{"nodes": [{"id": "gate", "type": "wait",
+			"wait": {"signal": "approval", "approval": true, "approvers": {"roles": ["admin"], "not_starter": true}}}]}`)}, &gated)
+	gqlCall(t, base, owner, `mutation($w: ID!) { startRun(input: {workflowId: $w}) { run { id } } }`, map[string]any{"w": gated.CreateWorkflow.Workflow.ID}, &started)
+	var who, whyNot string
+	var disabled bool
+	run(t, ctx,
+		js(fmt.Sprintf(`composer.navigate('/runs/%s')`, started.StartRun.Run.ID)),
+		chromedp.WaitVisible(css(`#waiting [data-who="gate"]`)),
+		into(&who, chromedp.Text(css(`#waiting [data-who="gate"]`))),
+		into(&whyNot, chromedp.Text(css(`#waiting [data-why-not="gate"]`))),
+		evalInto(&disabled, `document.querySelector('#waiting button[data-approve="gate"]').disabled && document.querySelector('#waiting button[data-reject="gate"]').disabled`),
+	)
+	assert.Equal(t, "Who may approve: members with the admin role, except whoever started the run.", strings.TrimSpace(who))
+	assert.Contains(t, whyNot, "started this run, so you may not approve it")
+	assert.True(t, disabled, "the starter cannot press approve or reject")
+
 	// API keys from the admin page: created with scopes, the secret shown once, revoked.
 	var secret string
 	run(t, ctx,

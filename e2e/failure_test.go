@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
 	"github.com/composer-dev/composer/internal/testenv"
@@ -135,9 +136,11 @@ func TestSleepAndApprovalResume(t *testing.T) {
 		{"id":"ok","type":"wait","depends_on":["nap"],"wait":{"signal":"approval","approval":true,"timeout":"1h"}},
 		{"id":"ship","type":"noop","depends_on":["ok"],"input":{"by":"nodes.ok.output.by"}}]}`)
 	id := sys.StartRun(wf, `{}`)
-	// The approval may come before the wait is reached: it is kept for it.
-	ack, err := sys.Coordinator().SignalRun(context.Background(), sys.Tenant, id, engine.Signal{ID: "approval-1", Name: "approval",
-		Payload: json.RawMessage(`{"approved": true, "by": "grace"}`)})
+	// The approval may come before the wait is reached: it is kept for it,
+	// with its sender, who is the approver whatever the payload says.
+	grace := engine.WithActor(context.Background(), dag.Principal{Kind: dag.PrincipalUser, ID: "grace", Role: "admin"})
+	ack, err := sys.Coordinator().SignalRun(grace, sys.Tenant, id, engine.Signal{ID: "approval-1", Name: "approval",
+		Payload: json.RawMessage(`{"approved": true, "by": "mallory"}`)})
 	require.NoError(t, err)
 	assert.False(t, ack.Ignored)
 	run, tasks := sys.WaitRun(id, 20*time.Second)

@@ -65,7 +65,7 @@ func (p *persister) startChild(ctx context.Context, a sm.StartChild) error {
 		prio = *n.Priority
 	}
 	req := StartRun{WorkflowName: a.Workflow, Version: a.Version, Input: a.Input, IdempotencyKey: childKey(t.id), Priority: prio,
-		parent: &parentLink{run: p.runID, task: t.id, node: a.NodeID, depth: p.depth + 1}}
+		parent: &parentLink{run: p.runID, task: t.id, node: a.NodeID, depth: p.depth + 1}, secretInput: p.def.wf.SecretDerived(a.NodeID)}
 	s, err := p.c.startIn(cctx, p.tx, req, jsonOrEmpty(a.Input), true)
 	if err == nil {
 		if _, err := p.tx.Exec(ctx, "RELEASE SAVEPOINT child_start"); err != nil {

@@ -210,8 +210,10 @@ type StartRun struct {
 	// the input.
 	Metadata map[string]string
 
-	// parent is set for the child run a workflow node starts (child.go).
-	parent *parentLink
+	// parent is set for the child run a workflow node starts (child.go);
+	// secretInput marks a child whose input derives from a secret.
+	parent      *parentLink
+	secretInput bool
 	// Priority is the run's priority, dag.MinPriority..dag.MaxPriority (0
 	// by default): its tasks', unless their node sets one.
 	Priority int
@@ -351,9 +353,13 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 		if adm.key != "" {
 			ckey = &adm.key
 		}
+		startedBy := actorOf(ctx).String() // a child inherits its parent's (qInsertRun)
+		if req.parent != nil {
+			startedBy = ""
+		}
 		err = tx.QueryRow(ctx, qInsertRun,
 			tenant, runID, wid, version, input, req.IdempotencyKey, rerunOf, traceParent(ctx), metadataJSON(meta),
-			parentRun, parentTask, parentNode, depth, string(status), ckey, req.Priority).Scan(&now)
+			parentRun, parentTask, parentNode, depth, string(status), ckey, req.Priority, startedBy, req.secretInput).Scan(&now)
 		if err != nil {
 			return fmt.Errorf("insert run: %w", err)
 		}
@@ -375,7 +381,8 @@ func (c *Coordinator) startIn(ctx context.Context, tx *pg.Tx, req StartRun, inpu
 			out, err = c.queueRun(ctx, tx, runID, fmt.Sprintf("concurrency key %q is at its limit of %d", adm.key, def.wf.Concurrency.Limit))
 			return err
 		}
-		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}, Priority: req.Priority}
+		run := &sm.Run{ID: runID.String(), Status: sm.RunRunning, Input: input, Tasks: map[string]*sm.Task{}, Priority: req.Priority,
+			StartedBy: dag.ParsePrincipal(startedBy)}
 		var first sm.Event = sm.RunStarted{}
 		if adm.cancel != "" {
 			first = sm.CancelRequested{Reason: adm.cancel}
@@ -766,7 +773,10 @@ type Signal struct {
 	Payload json.RawMessage
 }
 
-// SignalRun delivers a signal (or an approval decision) to a run.
+// SignalRun delivers a signal (or an approval decision) to a run, sent by
+// the context's actor (WithActor): an approval wait of the signal's name
+// records it as its approver, and a sender its policy refuses is
+// FORBIDDEN, with nothing written.
 func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s Signal) (Ack, error) {
 	if s.ID == "" {
 		s.ID = uuid.Must(uuid.NewV7()).String()
@@ -781,12 +791,23 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 	if len(payload) > MaxSignalBytes {
 		return Ack{}, errs.E(errs.Invalid, "a signal payload may be at most %d bytes", MaxSignalBytes)
 	}
+	by := actorOf(ctx)
 	return c.apply(ctx, tenant, runID, eventRef{}, func(ctx context.Context, tx *pg.Tx, run *sm.Run) (sm.Event, error) {
 		var dup bool
-		var stored int
+		var stored, version int
+		var wid uuid.UUID
 		if err := tx.QueryRow(ctx, qSignalSeen,
-			tx.Tenant, runID, s.ID).Scan(&dup, &stored); err != nil {
+			tx.Tenant, runID, s.ID).Scan(&dup, &stored, &wid, &version); err != nil {
 			return nil, fmt.Errorf("check signal: %w", err)
+		}
+		// An approval's policy is kept before anything else, whatever the
+		// run's state: a refused sender changes nothing.
+		def, err := c.defs.load(ctx, tx, wid, version)
+		if err != nil {
+			return nil, err
+		}
+		if why := def.wf.ApprovalRefusal(s.Name, by, run.StartedBy); why != "" {
+			return nil, errs.E(errs.Forbidden, "%s", why)
 		}
 		if dup {
 			return nil, ignored("signal %s was already delivered", s.ID)
@@ -799,9 +820,9 @@ func (c *Coordinator) SignalRun(ctx context.Context, tenant, runID uuid.UUID, s 
 			return nil, errs.E(errs.QuotaExceeded, "a run may hold at most %d signals on this plan", l.MaxSignalsPerRun)
 		}
 		if run.Status == RunQueued {
-			return nil, keepSignal(ctx, tx, run, s.ID, s.Name, payload)
+			return nil, keepSignal(ctx, tx, run, s.ID, s.Name, payload, by)
 		}
-		return sm.SignalReceived{Signal: sm.Signal{ID: s.ID, Name: s.Name, Payload: payload}}, nil
+		return sm.SignalReceived{Signal: sm.Signal{ID: s.ID, Name: s.Name, Payload: payload, By: by}}, nil
 	})
 }
 
@@ -1082,12 +1103,13 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (run
 	var input []byte
 	var parentRun, parentTask *uuid.UUID
 	var parentNode *string
+	var startedBy string
 	run := &sm.Run{ID: runID.String(), Tasks: map[string]*sm.Task{}}
 	b.Queue(qLockRun, tx.Tenant, runID).
 		QueryRow(func(r pgx.Row) error {
 			var ckey *string
 			err := r.Scan(&row.workflowID, &row.version, &status, &input, &row.now, &parentRun, &parentTask, &parentNode, &row.depth, &ckey,
-				&run.Priority)
+				&run.Priority, &startedBy)
 			if ckey != nil {
 				row.concurrencyKey = *ckey
 			}
@@ -1130,7 +1152,7 @@ func loadRun(ctx context.Context, tx *pg.Tx, runID uuid.UUID, queue string) (run
 	if err != nil {
 		return runRow{}, nil, fmt.Errorf("load run %s: %w", runID, err)
 	}
-	run.Status, run.Input = sm.RunStatus(status), input
+	run.Status, run.Input, run.StartedBy = sm.RunStatus(status), input, dag.ParsePrincipal(startedBy)
 	return row, run, nil
 }
 
@@ -1143,8 +1165,10 @@ func loadSignals(ctx context.Context, tx *pg.Tx, runID uuid.UUID) ([]sm.Signal, 
 	var out []sm.Signal
 	var s sm.Signal
 	var p []byte
-	_, err = pgx.ForEachRow(rows, []any{&s.ID, &s.Name, &p}, func() error {
+	var by string
+	_, err = pgx.ForEachRow(rows, []any{&s.ID, &s.Name, &p, &by}, func() error {
 		s.Payload = append(json.RawMessage(nil), p...)
+		s.By = dag.ParsePrincipal(by)
 		out = append(out, s)
 		return nil
 	})

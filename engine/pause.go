@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/composer-dev/composer/engine/dag"
 	sm "github.com/composer-dev/composer/engine/statemachine"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
@@ -128,15 +129,18 @@ var errKept = errors.New("kept")
 // keepSignal keeps a signal sent to a queued run, as a signal nobody waits
 // for yet is kept: the run's first wait node for its name consumes it once
 // the run starts.
-func keepSignal(ctx context.Context, tx *pg.Tx, run *sm.Run, id, name string, payload []byte) error {
+func keepSignal(ctx context.Context, tx *pg.Tx, run *sm.Run, id, name string, payload []byte, by dag.Principal) error {
 	runID, err := uuid.Parse(run.ID)
 	if err != nil {
 		return err
 	}
 	b := &pgx.Batch{}
-	b.Queue(qInsertSignal, tx.Tenant, runID, id, name, payload, "")
-	b.Queue(qInsertEvent, tx.Tenant, runID, sm.KindSignalReceived, "", nil, nil,
-		[]byte(fmt.Sprintf(`{"status":"queued","signal":{"id":%q,"name":%q}}`, id, name)))
+	b.Queue(qInsertSignal, tx.Tenant, runID, id, name, payload, "", by.String())
+	detail, err := json.Marshal(map[string]any{"status": "queued", "signal": signalDetail(sm.Signal{ID: id, Name: name, By: by})})
+	if err != nil {
+		return fmt.Errorf("keep signal: %w", err)
+	}
+	b.Queue(qInsertEvent, tx.Tenant, runID, sm.KindSignalReceived, "", nil, nil, detail)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("keep signal: %w", err)
 	}

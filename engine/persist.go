@@ -252,7 +252,7 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 			delete(p.tasks, a.NodeID)
 		case sm.RecordSignal:
 			p.exec(qInsertSignal,
-				tenant, p.runID, a.Signal.ID, a.Signal.Name, jsonOrEmpty(a.Signal.Payload), a.ConsumedBy)
+				tenant, p.runID, a.Signal.ID, a.Signal.Name, jsonOrEmpty(a.Signal.Payload), a.ConsumedBy, a.Signal.By.String())
 		case sm.ConsumeSignal:
 			p.guarded("consuming signal "+a.SignalID, qConsumeSignal, tenant, p.runID, a.SignalID, a.NodeID)
 		case sm.StartChild:
@@ -283,6 +283,14 @@ func (p *persister) persist(ctx context.Context, ev sm.Event, tr sm.Transition, 
 		}
 	}
 	d := timelineDetail(ev, tr)
+	if e, ok := ev.(sm.SignalReceived); ok {
+		// The policy the approver was held to, in words.
+		for _, n := range p.def.wf.Approvals() {
+			if n.Wait.Signal == e.Signal.Name && n.Wait.Approvers != nil {
+				d["approvers"] = n.Wait.Approvers.Who()
+			}
+		}
+	}
 	if len(p.children) > 0 {
 		d["children"] = p.children
 	}
@@ -456,6 +464,16 @@ func errJSON(e *sm.Error) []byte {
 	return b
 }
 
+// signalDetail is what the timeline records of a signal: its id, name
+// and sender (the approver, for an approval).
+func signalDetail(s sm.Signal) map[string]string {
+	d := map[string]string{"id": s.ID, "name": s.Name}
+	if by := s.By.String(); by != "" {
+		d["by"] = by
+	}
+	return d
+}
+
 func eventNode(ev sm.Event, ref eventRef) string {
 	switch e := ev.(type) {
 	case sm.TimerFired:
@@ -475,7 +493,7 @@ func timelineDetail(ev sm.Event, tr sm.Transition) map[string]any {
 	case sm.TimerFired:
 		d["timer"] = e.Kind
 	case sm.SignalReceived:
-		d["signal"] = map[string]string{"id": e.Signal.ID, "name": e.Signal.Name}
+		d["signal"] = signalDetail(e.Signal)
 	case sm.EventReceived:
 		d["event"] = map[string]string{"id": e.Event.ID, "name": e.Event.Name}
 	case sm.ChildFinished:

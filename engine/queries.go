@@ -41,6 +41,12 @@ type RunView struct {
 	// limit.
 	ConcurrencyKey *string `json:"concurrency_key,omitempty"`
 	Priority       int     `json:"priority"`
+	// StartedBy is who started the run ("user:<subject>", "api_key:<key
+	// id>", "schedule:<id>"; nil when not recorded).
+	StartedBy *string `json:"started_by,omitempty"`
+	// SecretInput marks a child run whose input derives from a step that
+	// read a secret: all of its values count as derived from one.
+	SecretInput bool `json:"-"`
 	// Snapshot, when set, holds the run's tasks and workflow as read with
 	// it (a live update read once and given to every subscriber): readers
 	// use them rather than loading their own.
@@ -77,15 +83,20 @@ type TaskView struct {
 	// WaitingUntil is, for a waiting task, when its timer fires: a sleep's
 	// end, or a wait's timeout.
 	WaitingUntil *time.Time `json:"waiting_until,omitempty"`
+	// SecretDerived marks a task whose input, output and error may hold
+	// what a step that read a secret produced (set by the API, which
+	// knows the definition: dag.Workflow.SecretDerived).
+	SecretDerived bool `json:"-"`
 }
 
 const runColumns = `id, workflow_id, workflow_version, status, input, output, error, idempotency_key, rerun_of, created_at, updated_at, finished_at, metadata,
-	parent_run_id, parent_node, concurrency_key, priority`
+	parent_run_id, parent_node, concurrency_key, priority, started_by, secret_input`
 
 func scanRun(row pgx.Row) (RunView, error) {
 	var r RunView
 	err := row.Scan(&r.ID, &r.WorkflowID, &r.WorkflowVersion, &r.Status, &r.Input, &r.Output, &r.Error, &r.IdempotencyKey,
-		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode, &r.ConcurrencyKey, &r.Priority)
+		&r.RerunOf, &r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.Metadata, &r.ParentRunID, &r.ParentNode, &r.ConcurrencyKey, &r.Priority,
+		&r.StartedBy, &r.SecretInput)
 	return r, err
 }
 
@@ -449,9 +460,15 @@ const (
 	// coordinator
 	qClaimIdempotencyKey = `INSERT INTO run_idempotency_keys (tenant_id, key, run_id, request_hash)
 				VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING run_id`
+	// A child run ($10 its parent) inherits its parent's starter, and its
+	// input derives from a secret when its node's does ($18) or its
+	// parent's input did.
 	qInsertRun = `INSERT INTO workflow_runs (tenant_id, id, workflow_id, workflow_version, status, input, idempotency_key, rerun_of, traceparent, metadata,
-				parent_run_id, parent_task_id, parent_node, depth, concurrency_key, priority)
-			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13, $15, $16) RETURNING created_at`
+				parent_run_id, parent_task_id, parent_node, depth, concurrency_key, priority, started_by, secret_input)
+			VALUES ($1, $2, $3, $4, $14, $5, NULLIF($6, ''), $7, NULLIF($8, ''), $9, $10, $11, $12, $13, $15, $16,
+				coalesce(NULLIF($17, ''), (SELECT p.started_by FROM workflow_runs p WHERE p.tenant_id = $1 AND p.id = $10)),
+				$18 OR coalesce((SELECT p.secret_input FROM workflow_runs p WHERE p.tenant_id = $1 AND p.id = $10), false))
+			RETURNING created_at`
 	qInsertRunMetadata = `INSERT INTO run_metadata (tenant_id, run_id, key, value) SELECT $1, $2, k, v FROM unnest($3::text[], $4::text[]) AS m(k, v)`
 	qIdempotentRun     = `SELECT k.run_id, k.request_hash, r.status FROM run_idempotency_keys k
 		JOIN workflow_runs r ON r.tenant_id = k.tenant_id AND r.id = k.run_id
@@ -467,13 +484,15 @@ const (
 			RETURNING t.id, t.node_id, t.node_type, coalesce(t.queue, ''), t.input, t.config, t.max_attempts, t.lease_expires_at,
 			          r.workflow_id, r.workflow_version, coalesce(r.traceparent, '')`
 	qSignalSeen = `SELECT EXISTS (SELECT 1 FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND id = $3),
-				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2)`
+				(SELECT count(*) FROM run_signals WHERE tenant_id = $1 AND run_id = $2), r.workflow_id, r.workflow_version
+			  FROM workflow_runs r WHERE r.tenant_id = $1 AND r.id = $2`
 	qTakeTimer = `DELETE FROM timers WHERE tenant_id = $1 AND id = $2 AND run_id = $3
 			RETURNING kind, coalesce(node_id, ''), task_id, attempt, detail`
 	qLockRun = `UPDATE workflow_runs SET updated_at = now() WHERE tenant_id = $1 AND id = $2
-		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth, concurrency_key, priority`
+		RETURNING workflow_id, workflow_version, status, input, now(), parent_run_id, parent_task_id, parent_node, depth, concurrency_key, priority,
+			coalesce(started_by, '')`
 	qRunTasks          = `SELECT id, node_id, state, attempt, output, last_error, started_at FROM task_instances WHERE tenant_id = $1 AND run_id = $2`
-	qUnconsumedSignals = `SELECT id, name, payload FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
+	qUnconsumedSignals = `SELECT id, name, payload, coalesce(sent_by, '') FROM run_signals WHERE tenant_id = $1 AND run_id = $2 AND consumed_by IS NULL
 		ORDER BY created_at, id`
 	// leases
 	// A holder with a key ($7; '' for a platform worker) is a tenant's
@@ -550,7 +569,7 @@ const (
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND state IN ` + activeStates
 	qDeleteTaskTimers = `DELETE FROM timers WHERE tenant_id = $1 AND run_id = $2 AND task_id = $3`
 	qDeleteTask       = `DELETE FROM task_instances WHERE tenant_id = $1 AND run_id = $2 AND id = $3`
-	qInsertSignal     = `INSERT INTO run_signals (tenant_id, run_id, id, name, payload, consumed_by) VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''))`
+	qInsertSignal     = `INSERT INTO run_signals (tenant_id, run_id, id, name, payload, consumed_by, sent_by) VALUES ($1, $2, $3, $4, $5, NULLIF($6, ''), NULLIF($7, ''))`
 	qConsumeSignal    = `UPDATE run_signals SET consumed_by = $4
 				WHERE tenant_id = $1 AND run_id = $2 AND id = $3 AND consumed_by IS NULL`
 	qReopenRun = `UPDATE workflow_runs SET status = 'running', output = NULL, error = NULL, finished_at = NULL, reopened_at = now()
@@ -654,6 +673,8 @@ const (
 	qBumpVersion = `UPDATE workflow_definitions SET latest_version = latest_version + 1, updated_at = now()
 			WHERE tenant_id = $1 AND id = $2 RETURNING latest_version`
 	qLoadDefinition = `SELECT definition FROM workflow_versions WHERE tenant_id = $1 AND workflow_id = $2 AND version = $3`
+	// (The system role, for an operator's scan of every tenant.)
+	qAllDefinitions = `SELECT tenant_id, workflow_id, version, definition FROM workflow_versions ORDER BY tenant_id, workflow_id, version`
 )
 
 const activeStates = `('pending', 'running', 'waiting')`

@@ -65,7 +65,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 	if len(description) > 2000 {
 		return Workflow{}, Version{}, errs.E(errs.Invalid, "description is longer than 2000 characters")
 	}
-	wf, err := dag.Parse(definition)
+	wf, err := dag.ParseForPublish(definition)
 	if err != nil {
 		return Workflow{}, Version{}, invalidDefinition(err)
 	}
@@ -97,7 +97,7 @@ func (c *Coordinator) CreateWorkflow(ctx context.Context, tenant uuid.UUID, name
 
 // PublishVersion adds the next version of a workflow.
 func (c *Coordinator) PublishVersion(ctx context.Context, tenant, workflowID uuid.UUID, definition []byte) (Version, error) {
-	wf, err := dag.Parse(definition)
+	wf, err := dag.ParseForPublish(definition)
 	if err != nil {
 		return Version{}, invalidDefinition(err)
 	}
@@ -184,13 +184,18 @@ type defKey struct {
 
 func newDefCache(max int) *defCache { return &defCache{entries: map[defKey]*compiled{}, max: max} }
 
+// cached is the entry of k, or nil.
+func (d *defCache) cached(k defKey) *compiled {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.entries[k]
+}
+
 // load returns the compiled definition, reading it through tx (so row-level
 // security applies) on a miss.
 func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, version int) (*compiled, error) {
 	k := defKey{tx.Tenant, workflow, version}
-	d.mu.Lock()
-	c := d.entries[k]
-	d.mu.Unlock()
+	c := d.cached(k)
 	if c != nil {
 		return c, nil
 	}
@@ -227,6 +232,63 @@ func (d *defCache) load(ctx context.Context, tx *pg.Tx, workflow uuid.UUID, vers
 	d.entries[k] = c
 	d.mu.Unlock()
 	return c, nil
+}
+
+// DefinitionOf is the parsed definition of a workflow version of the
+// tenant, for readers that decide what a run's values may show
+// (dag.Workflow.SecretDerived) and who may answer its approvals. Versions
+// are immutable: it is read once (in the tenant's scope) and then cached.
+func (c *Coordinator) DefinitionOf(ctx context.Context, tenant, workflow uuid.UUID, version int) (*dag.Workflow, error) {
+	if d := c.defs.cached(defKey{tenant, workflow, version}); d != nil {
+		return d.wf, nil
+	}
+	var wf *dag.Workflow
+	err := c.db.WithTenant(ctx, tenant, func(ctx context.Context, tx *pg.Tx) error {
+		d, err := c.defs.load(ctx, tx, workflow, version)
+		if err == nil {
+			wf = d.wf
+		}
+		return err
+	})
+	return wf, err
+}
+
+// StoredCredential is a stored version that writes a credential into an
+// http step literally: one published before publishing refused that.
+type StoredCredential struct {
+	Tenant, Workflow uuid.UUID
+	Version          int
+	// Fields name each, as "<node> <field>" (e.g. "call http.headers.Authorization").
+	Fields []string
+}
+
+// StoredCredentials reports every stored version of every tenant that
+// writes a credential literally, for the operator to have moved into
+// secrets (a migration cannot seal them: it has no key, and versions are
+// immutable). It reads as the system role, a version at a time.
+func StoredCredentials(ctx context.Context, db *pg.DB, visit func(StoredCredential)) error {
+	return db.WithSystem(ctx, func(ctx context.Context, tx *pg.Tx) error {
+		rows, err := tx.Query(ctx, qAllDefinitions)
+		if err != nil {
+			return fmt.Errorf("read definitions: %w", err)
+		}
+		var c StoredCredential
+		var raw []byte
+		_, err = pgx.ForEachRow(rows, []any{&c.Tenant, &c.Workflow, &c.Version, &raw}, func() error {
+			wf, err := dag.Parse(raw)
+			if err != nil {
+				return nil // (a version that no longer parses runs nothing)
+			}
+			if c.Fields = wf.LiteralCredentials(); len(c.Fields) > 0 {
+				visit(c)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read definitions: %w", err)
+		}
+		return nil
+	})
 }
 
 // nodeConfig is what a worker needs to run a task of n: its request as

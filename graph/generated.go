@@ -75,6 +75,23 @@ type ComplexityRoot struct {
 		Scopes     func(childComplexity int) int
 	}
 
+	Approval struct {
+		MayApprove func(childComplexity int) int
+		Node       func(childComplexity int) int
+		Policy     func(childComplexity int) int
+		Reason     func(childComplexity int) int
+		Signal     func(childComplexity int) int
+		Waiting    func(childComplexity int) int
+		Who        func(childComplexity int) int
+	}
+
+	ApprovalPolicy struct {
+		APIKeys    func(childComplexity int) int
+		Members    func(childComplexity int) int
+		NotStarter func(childComplexity int) int
+		Roles      func(childComplexity int) int
+	}
+
 	AuditConnection struct {
 		Edges    func(childComplexity int) int
 		PageInfo func(childComplexity int) int
@@ -339,6 +356,7 @@ type ComplexityRoot struct {
 	}
 
 	Run struct {
+		Approvals       func(childComplexity int) int
 		ConcurrencyKey  func(childComplexity int) int
 		CreatedAt       func(childComplexity int) int
 		Error           func(childComplexity int) int
@@ -352,6 +370,8 @@ type ComplexityRoot struct {
 		ParentRunID     func(childComplexity int) int
 		Priority        func(childComplexity int) int
 		RerunOf         func(childComplexity int) int
+		SecretDerived   func(childComplexity int) int
+		StartedBy       func(childComplexity int) int
 		Status          func(childComplexity int) int
 		Tasks           func(childComplexity int) int
 		Timeline        func(childComplexity int, first *int) int
@@ -504,23 +524,24 @@ type ComplexityRoot struct {
 	}
 
 	Task struct {
-		Attempt      func(childComplexity int) int
-		ChildRunID   func(childComplexity int) int
-		CreatedAt    func(childComplexity int) int
-		FinishedAt   func(childComplexity int) int
-		Handler      func(childComplexity int) int
-		ID           func(childComplexity int) int
-		Input        func(childComplexity int) int
-		LastError    func(childComplexity int) int
-		MaxAttempts  func(childComplexity int) int
-		NodeID       func(childComplexity int) int
-		NodeType     func(childComplexity int) int
-		Output       func(childComplexity int) int
-		Queue        func(childComplexity int) int
-		SkipReason   func(childComplexity int) int
-		StartedAt    func(childComplexity int) int
-		State        func(childComplexity int) int
-		WaitingUntil func(childComplexity int) int
+		Attempt       func(childComplexity int) int
+		ChildRunID    func(childComplexity int) int
+		CreatedAt     func(childComplexity int) int
+		FinishedAt    func(childComplexity int) int
+		Handler       func(childComplexity int) int
+		ID            func(childComplexity int) int
+		Input         func(childComplexity int) int
+		LastError     func(childComplexity int) int
+		MaxAttempts   func(childComplexity int) int
+		NodeID        func(childComplexity int) int
+		NodeType      func(childComplexity int) int
+		Output        func(childComplexity int) int
+		Queue         func(childComplexity int) int
+		SecretDerived func(childComplexity int) int
+		SkipReason    func(childComplexity int) int
+		StartedAt     func(childComplexity int) int
+		State         func(childComplexity int) int
+		WaitingUntil  func(childComplexity int) int
 	}
 
 	Tenant struct {
@@ -764,11 +785,19 @@ type RunResolver interface {
 	Workflow(ctx context.Context, obj *engine.RunView) (*engine.Workflow, error)
 
 	Status(ctx context.Context, obj *engine.RunView) (model.RunStatus, error)
+	Input(ctx context.Context, obj *engine.RunView) (json.RawMessage, error)
+	Output(ctx context.Context, obj *engine.RunView) (json.RawMessage, error)
+	Error(ctx context.Context, obj *engine.RunView) (json.RawMessage, error)
 
 	Metadata(ctx context.Context, obj *engine.RunView) (json.RawMessage, error)
 
+	ConcurrencyKey(ctx context.Context, obj *engine.RunView) (*string, error)
+
 	Tasks(ctx context.Context, obj *engine.RunView) ([]engine.TaskView, error)
 	Timeline(ctx context.Context, obj *engine.RunView, first *int) ([]engine.RunEvent, error)
+
+	Approvals(ctx context.Context, obj *engine.RunView) ([]model.Approval, error)
+	SecretDerived(ctx context.Context, obj *engine.RunView) (bool, error)
 }
 type ScheduleResolver interface {
 	RecentFires(ctx context.Context, obj *schedules.Schedule, first *int) ([]schedules.Fire, error)
@@ -888,6 +917,74 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ApiKey.Scopes(childComplexity), true
+
+	case "Approval.mayApprove":
+		if e.ComplexityRoot.Approval.MayApprove == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.MayApprove(childComplexity), true
+	case "Approval.node":
+		if e.ComplexityRoot.Approval.Node == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.Node(childComplexity), true
+	case "Approval.policy":
+		if e.ComplexityRoot.Approval.Policy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.Policy(childComplexity), true
+	case "Approval.reason":
+		if e.ComplexityRoot.Approval.Reason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.Reason(childComplexity), true
+	case "Approval.signal":
+		if e.ComplexityRoot.Approval.Signal == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.Signal(childComplexity), true
+	case "Approval.waiting":
+		if e.ComplexityRoot.Approval.Waiting == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.Waiting(childComplexity), true
+	case "Approval.who":
+		if e.ComplexityRoot.Approval.Who == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Approval.Who(childComplexity), true
+
+	case "ApprovalPolicy.apiKeys":
+		if e.ComplexityRoot.ApprovalPolicy.APIKeys == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ApprovalPolicy.APIKeys(childComplexity), true
+	case "ApprovalPolicy.members":
+		if e.ComplexityRoot.ApprovalPolicy.Members == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ApprovalPolicy.Members(childComplexity), true
+	case "ApprovalPolicy.notStarter":
+		if e.ComplexityRoot.ApprovalPolicy.NotStarter == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ApprovalPolicy.NotStarter(childComplexity), true
+	case "ApprovalPolicy.roles":
+		if e.ComplexityRoot.ApprovalPolicy.Roles == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ApprovalPolicy.Roles(childComplexity), true
 
 	case "AuditConnection.edges":
 		if e.ComplexityRoot.AuditConnection.Edges == nil {
@@ -2331,6 +2428,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.ResumeWorkflowPayload.Workflow(childComplexity), true
 
+	case "Run.approvals":
+		if e.ComplexityRoot.Run.Approvals == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.Approvals(childComplexity), true
 	case "Run.concurrencyKey":
 		if e.ComplexityRoot.Run.ConcurrencyKey == nil {
 			break
@@ -2409,6 +2512,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Run.RerunOf(childComplexity), true
+	case "Run.secretDerived":
+		if e.ComplexityRoot.Run.SecretDerived == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.SecretDerived(childComplexity), true
+	case "Run.startedBy":
+		if e.ComplexityRoot.Run.StartedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Run.StartedBy(childComplexity), true
 	case "Run.status":
 		if e.ComplexityRoot.Run.Status == nil {
 			break
@@ -3118,6 +3233,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Task.Queue(childComplexity), true
+	case "Task.secretDerived":
+		if e.ComplexityRoot.Task.SecretDerived == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.SecretDerived(childComplexity), true
 	case "Task.skipReason":
 		if e.ComplexityRoot.Task.SkipReason == nil {
 			break
@@ -3870,7 +3991,7 @@ func newExecutionContext(
 	}
 }
 
-//go:embed "audit.graphqls" "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secrets.graphqls" "stats.graphqls" "webhooks.graphqls"
+//go:embed "approvals.graphqls" "audit.graphqls" "billing.graphqls" "bulk.graphqls" "concurrency.graphqls" "events.graphqls" "flow.graphqls" "schedules.graphqls" "schema.graphqls" "secretoutputs.graphqls" "secrets.graphqls" "stats.graphqls" "webhooks.graphqls"
 var sourcesFS embed.FS
 
 func sourceData(filename string) string {
@@ -3882,6 +4003,7 @@ func sourceData(filename string) string {
 }
 
 var sources = []*ast.Source{
+	{Name: "approvals.graphqls", Input: sourceData("approvals.graphqls"), BuiltIn: false},
 	{Name: "audit.graphqls", Input: sourceData("audit.graphqls"), BuiltIn: false},
 	{Name: "billing.graphqls", Input: sourceData("billing.graphqls"), BuiltIn: false},
 	{Name: "bulk.graphqls", Input: sourceData("bulk.graphqls"), BuiltIn: false},
@@ -3890,6 +4012,7 @@ var sources = []*ast.Source{
 	{Name: "flow.graphqls", Input: sourceData("flow.graphqls"), BuiltIn: false},
 	{Name: "schedules.graphqls", Input: sourceData("schedules.graphqls"), BuiltIn: false},
 	{Name: "schema.graphqls", Input: sourceData("schema.graphqls"), BuiltIn: false},
+	{Name: "secretoutputs.graphqls", Input: sourceData("secretoutputs.graphqls"), BuiltIn: false},
 	{Name: "secrets.graphqls", Input: sourceData("secrets.graphqls"), BuiltIn: false},
 	{Name: "stats.graphqls", Input: sourceData("stats.graphqls"), BuiltIn: false},
 	{Name: "webhooks.graphqls", Input: sourceData("webhooks.graphqls"), BuiltIn: false},
@@ -3922,6 +4045,40 @@ func (ec *executionContext) childFields_ApiKey(ctx context.Context, field graphq
 		return ec.fieldContext_ApiKey_lastUsedAt(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ApiKey", field.Name)
+}
+
+func (ec *executionContext) childFields_Approval(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "node":
+		return ec.fieldContext_Approval_node(ctx, field)
+	case "signal":
+		return ec.fieldContext_Approval_signal(ctx, field)
+	case "waiting":
+		return ec.fieldContext_Approval_waiting(ctx, field)
+	case "policy":
+		return ec.fieldContext_Approval_policy(ctx, field)
+	case "who":
+		return ec.fieldContext_Approval_who(ctx, field)
+	case "mayApprove":
+		return ec.fieldContext_Approval_mayApprove(ctx, field)
+	case "reason":
+		return ec.fieldContext_Approval_reason(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Approval", field.Name)
+}
+
+func (ec *executionContext) childFields_ApprovalPolicy(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "roles":
+		return ec.fieldContext_ApprovalPolicy_roles(ctx, field)
+	case "members":
+		return ec.fieldContext_ApprovalPolicy_members(ctx, field)
+	case "apiKeys":
+		return ec.fieldContext_ApprovalPolicy_apiKeys(ctx, field)
+	case "notStarter":
+		return ec.fieldContext_ApprovalPolicy_notStarter(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ApprovalPolicy", field.Name)
 }
 
 func (ec *executionContext) childFields_AuditConnection(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4342,6 +4499,12 @@ func (ec *executionContext) childFields_Run(ctx context.Context, field graphql.C
 		return ec.fieldContext_Run_tasks(ctx, field)
 	case "timeline":
 		return ec.fieldContext_Run_timeline(ctx, field)
+	case "startedBy":
+		return ec.fieldContext_Run_startedBy(ctx, field)
+	case "approvals":
+		return ec.fieldContext_Run_approvals(ctx, field)
+	case "secretDerived":
+		return ec.fieldContext_Run_secretDerived(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Run", field.Name)
 }
@@ -4654,6 +4817,8 @@ func (ec *executionContext) childFields_Task(ctx context.Context, field graphql.
 		return ec.fieldContext_Task_startedAt(ctx, field)
 	case "finishedAt":
 		return ec.fieldContext_Task_finishedAt(ctx, field)
+	case "secretDerived":
+		return ec.fieldContext_Task_secretDerived(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Task", field.Name)
 }
@@ -6675,6 +6840,268 @@ func (ec *executionContext) _ApiKey_lastUsedAt(ctx context.Context, field graphq
 }
 func (ec *executionContext) fieldContext_ApiKey_lastUsedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ApiKey", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Approval_node(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_node(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Node, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_node(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Approval", field, false, false, "String")
+}
+
+func (ec *executionContext) _Approval_signal(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_signal(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Signal, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_signal(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Approval", field, false, false, "String")
+}
+
+func (ec *executionContext) _Approval_waiting(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_waiting(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Waiting, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_waiting(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Approval", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _Approval_policy(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_policy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Policy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ApprovalPolicy) graphql.Marshaler {
+			return ec.marshalOApprovalPolicy2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐApprovalPolicy(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_policy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Approval",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ApprovalPolicy(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Approval_who(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_who(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Who, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_who(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Approval", field, false, false, "String")
+}
+
+func (ec *executionContext) _Approval_mayApprove(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_mayApprove(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MayApprove, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_mayApprove(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Approval", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _Approval_reason(ctx context.Context, field graphql.CollectedField, obj *model.Approval) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Approval_reason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Approval_reason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Approval", field, false, false, "String")
+}
+
+func (ec *executionContext) _ApprovalPolicy_roles(ctx context.Context, field graphql.CollectedField, obj *model.ApprovalPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ApprovalPolicy_roles(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Roles, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Role) graphql.Marshaler {
+			return ec.marshalNRole2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRoleᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ApprovalPolicy_roles(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ApprovalPolicy", field, false, false, "Role")
+}
+
+func (ec *executionContext) _ApprovalPolicy_members(ctx context.Context, field graphql.CollectedField, obj *model.ApprovalPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ApprovalPolicy_members(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Members, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ApprovalPolicy_members(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ApprovalPolicy", field, false, false, "String")
+}
+
+func (ec *executionContext) _ApprovalPolicy_apiKeys(ctx context.Context, field graphql.CollectedField, obj *model.ApprovalPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ApprovalPolicy_apiKeys(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.APIKeys, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ApprovalPolicy_apiKeys(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ApprovalPolicy", field, false, false, "String")
+}
+
+func (ec *executionContext) _ApprovalPolicy_notStarter(ctx context.Context, field graphql.CollectedField, obj *model.ApprovalPolicy) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ApprovalPolicy_notStarter(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NotStarter, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ApprovalPolicy_notStarter(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ApprovalPolicy", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _AuditConnection_edges(ctx context.Context, field graphql.CollectedField, obj *model.AuditConnection) (ret graphql.Marshaler) {
@@ -12647,7 +13074,7 @@ func (ec *executionContext) _Run_input(ctx context.Context, field graphql.Collec
 			return ec.fieldContext_Run_input(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Input, nil
+			return ec.Resolvers.Run().Input(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
@@ -12658,7 +13085,7 @@ func (ec *executionContext) _Run_input(ctx context.Context, field graphql.Collec
 	)
 }
 func (ec *executionContext) fieldContext_Run_input(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Run", field, false, false, "JSON")
+	return graphql.NewScalarFieldContext("Run", field, true, true, "JSON")
 }
 
 func (ec *executionContext) _Run_output(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -12670,7 +13097,7 @@ func (ec *executionContext) _Run_output(ctx context.Context, field graphql.Colle
 			return ec.fieldContext_Run_output(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Output, nil
+			return ec.Resolvers.Run().Output(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
@@ -12681,7 +13108,7 @@ func (ec *executionContext) _Run_output(ctx context.Context, field graphql.Colle
 	)
 }
 func (ec *executionContext) fieldContext_Run_output(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Run", field, false, false, "JSON")
+	return graphql.NewScalarFieldContext("Run", field, true, true, "JSON")
 }
 
 func (ec *executionContext) _Run_error(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -12693,7 +13120,7 @@ func (ec *executionContext) _Run_error(ctx context.Context, field graphql.Collec
 			return ec.fieldContext_Run_error(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.Error, nil
+			return ec.Resolvers.Run().Error(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v json.RawMessage) graphql.Marshaler {
@@ -12704,7 +13131,7 @@ func (ec *executionContext) _Run_error(ctx context.Context, field graphql.Collec
 	)
 }
 func (ec *executionContext) fieldContext_Run_error(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Run", field, false, false, "JSON")
+	return graphql.NewScalarFieldContext("Run", field, true, true, "JSON")
 }
 
 func (ec *executionContext) _Run_idempotencyKey(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -12808,7 +13235,7 @@ func (ec *executionContext) _Run_concurrencyKey(ctx context.Context, field graph
 			return ec.fieldContext_Run_concurrencyKey(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.ConcurrencyKey, nil
+			return ec.Resolvers.Run().ConcurrencyKey(ctx, obj)
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
@@ -12819,7 +13246,7 @@ func (ec *executionContext) _Run_concurrencyKey(ctx context.Context, field graph
 	)
 }
 func (ec *executionContext) fieldContext_Run_concurrencyKey(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("Run", field, false, false, "String")
+	return graphql.NewScalarFieldContext("Run", field, true, true, "String")
 }
 
 func (ec *executionContext) _Run_parentRunId(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
@@ -13011,6 +13438,84 @@ func (ec *executionContext) fieldContext_Run_timeline(ctx context.Context, field
 		return fc, err
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _Run_startedBy(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_startedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Run_startedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, false, false, "String")
+}
+
+func (ec *executionContext) _Run_approvals(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_approvals(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Run().Approvals(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Approval) graphql.Marshaler {
+			return ec.marshalNApproval2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐApprovalᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Run_approvals(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Run",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Approval(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Run_secretDerived(ctx context.Context, field graphql.CollectedField, obj *engine.RunView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Run_secretDerived(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return ec.Resolvers.Run().SecretDerived(ctx, obj)
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Run_secretDerived(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Run", field, true, true, "Boolean")
 }
 
 func (ec *executionContext) _RunChange_event(ctx context.Context, field graphql.CollectedField, obj *model.RunChange) (ret graphql.Marshaler) {
@@ -15687,6 +16192,29 @@ func (ec *executionContext) _Task_finishedAt(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_Task_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Task", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Task_secretDerived(ctx context.Context, field graphql.CollectedField, obj *engine.TaskView) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_secretDerived(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SecretDerived, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_secretDerived(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Tenant_id(ctx context.Context, field graphql.CollectedField, obj *tenants.Tenant) (ret graphql.Marshaler) {
@@ -20201,6 +20729,117 @@ func (ec *executionContext) _ApiKey(ctx context.Context, sel ast.SelectionSet, o
 	return out
 }
 
+var approvalImplementors = []string{"Approval"}
+
+func (ec *executionContext) _Approval(ctx context.Context, sel ast.SelectionSet, obj *model.Approval) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, approvalImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Approval")
+		case "node":
+			out.Values[i] = ec._Approval_node(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "signal":
+			out.Values[i] = ec._Approval_signal(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "waiting":
+			out.Values[i] = ec._Approval_waiting(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "policy":
+			out.Values[i] = ec._Approval_policy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "who":
+			out.Values[i] = ec._Approval_who(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "mayApprove":
+			out.Values[i] = ec._Approval_mayApprove(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reason":
+			out.Values[i] = ec._Approval_reason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var approvalPolicyImplementors = []string{"ApprovalPolicy"}
+
+func (ec *executionContext) _ApprovalPolicy(ctx context.Context, sel ast.SelectionSet, obj *model.ApprovalPolicy) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, approvalPolicyImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ApprovalPolicy")
+		case "roles":
+			out.Values[i] = ec._ApprovalPolicy_roles(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "members":
+			out.Values[i] = ec._ApprovalPolicy_members(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "apiKeys":
+			out.Values[i] = ec._ApprovalPolicy_apiKeys(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "notStarter":
+			out.Values[i] = ec._ApprovalPolicy_notStarter(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var auditConnectionImplementors = []string{"AuditConnection"}
 
 func (ec *executionContext) _AuditConnection(ctx context.Context, sel ast.SelectionSet, obj *model.AuditConnection) graphql.Marshaler {
@@ -22038,20 +22677,23 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 					return ec._Run_status(ctx, field, obj)
 				})
 		case "input":
-			out.Values[i] = ec._Run_input(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_input(ctx, field, obj)
+				})
 		case "output":
-			out.Values[i] = ec._Run_output(ctx, field, obj)
-			if out.Values[i] == graphql.RequiredNull {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_output(ctx, field, obj)
+				})
 		case "error":
-			out.Values[i] = ec._Run_error(ctx, field, obj)
-			if out.Values[i] == graphql.RequiredNull {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_error(ctx, field, obj)
+				})
 		case "idempotencyKey":
 			out.Values[i] = ec._Run_idempotencyKey(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
@@ -22074,10 +22716,11 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "concurrencyKey":
-			out.Values[i] = ec._Run_concurrencyKey(ctx, field, obj)
-			if out.Values[i] == graphql.RequiredNull {
-				atomic.AddUint32(&out.Invalids, 1)
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_concurrencyKey(ctx, field, obj)
+				})
 		case "parentRunId":
 			out.Values[i] = ec._Run_parentRunId(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
@@ -22114,6 +22757,23 @@ func (ec *executionContext) _Run(ctx context.Context, sel ast.SelectionSet, obj 
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Run_timeline(ctx, field, obj)
+				})
+		case "startedBy":
+			out.Values[i] = ec._Run_startedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "approvals":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_approvals(ctx, field, obj)
+				})
+		case "secretDerived":
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Run_secretDerived(ctx, field, obj)
 				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -23141,6 +23801,11 @@ func (ec *executionContext) _Task(ctx context.Context, sel ast.SelectionSet, obj
 		case "finishedAt":
 			out.Values[i] = ec._Task_finishedAt(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				atomic.AddUint32(&out.Invalids, 1)
+			}
+		case "secretDerived":
+			out.Values[i] = ec._Task_secretDerived(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
 			}
 		default:
@@ -24497,6 +25162,26 @@ func (ec *executionContext) marshalNApiKey2ᚖgithubᚗcomᚋcomposerᚑdevᚋco
 	return ec._ApiKey(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNApproval2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐApproval(ctx context.Context, sel ast.SelectionSet, v model.Approval) graphql.Marshaler {
+	return ec._Approval(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNApproval2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐApprovalᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Approval) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNApproval2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐApproval(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNAuditConnection2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditConnection(ctx context.Context, sel ast.SelectionSet, v *model.AuditConnection) graphql.Marshaler {
 	if v == nil {
 		graphql.AddInvalidNullError(ctx, "AuditConnection!")
@@ -25054,6 +25739,36 @@ func (ec *executionContext) unmarshalNRole2githubᚗcomᚋcomposerᚑdevᚋcompo
 
 func (ec *executionContext) marshalNRole2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRole(ctx context.Context, sel ast.SelectionSet, v model.Role) graphql.Marshaler {
 	return v
+}
+
+func (ec *executionContext) unmarshalNRole2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRoleᚄ(ctx context.Context, v any) ([]model.Role, error) {
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]model.Role, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNRole2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRole(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalNRole2ᚕgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRoleᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Role) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRole2githubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐRole(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) marshalNRun2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋengineᚐRunView(ctx context.Context, sel ast.SelectionSet, v *engine.RunView) graphql.Marshaler {
@@ -25929,6 +26644,13 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 		graphql.AddInvalidNullFromMarshaler(ctx, "__TypeKind!")
 	}
 	return res
+}
+
+func (ec *executionContext) marshalOApprovalPolicy2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐApprovalPolicy(ctx context.Context, sel ast.SelectionSet, v *model.ApprovalPolicy) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._ApprovalPolicy(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOAuditAnchorInput2ᚖgithubᚗcomᚋcomposerᚑdevᚋcomposerᚋgraphᚋmodelᚐAuditAnchorInput(ctx context.Context, v any) (*model.AuditAnchorInput, error) {

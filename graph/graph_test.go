@@ -31,6 +31,7 @@ import (
 	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/config"
+	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
 	"github.com/composer-dev/composer/tenants"
 )
@@ -50,6 +51,10 @@ type tenantWorld struct {
 
 const waitDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true}}]}`
 
+// parkDef is the world's workflow: an approval only an admin who did not
+// start the run may give (the world's owner starts it).
+const parkDef = `{"nodes":[{"id":"w","type":"wait","wait":{"signal":"approval","approval":true,"approvers":{"roles":["admin"],"not_starter":true}}}]}`
+
 func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantWorld {
 	w := tenantWorld{id: tenant,
 		owner:     sys.Token(tenant, "owner@"+tenant.String(), auth.RoleOwner),
@@ -59,7 +64,7 @@ func newTenantWorld(t *testing.T, sys *apptest.System, tenant uuid.UUID) tenantW
 		CreateWorkflow struct{ Workflow struct{ ID string } }
 	}
 	sys.GraphQL(w.owner, `mutation($d: JSON!) { createWorkflow(input: {name: "park", definition: $d}) { workflow { id } } }`,
-		map[string]any{"d": json.RawMessage(waitDef)}).Decode(t, &created)
+		map[string]any{"d": json.RawMessage(parkDef)}).Decode(t, &created)
 	w.workflow = created.CreateWorkflow.Workflow.ID
 	var started struct {
 		StartRun struct{ Run struct{ ID string } }
@@ -300,6 +305,18 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	var run struct{ Run struct{ Status string } }
 	sys.GraphQL(a.owner, `query($id: ID!) { run(id: $id) { status } }`, map[string]any{"id": a.run}).Decode(t, &run)
 	assert.Equal(t, "RUNNING", run.Run.Status, "the cancel did not reach A's run")
+	var parked struct {
+		Run struct {
+			StartedBy string
+			Approvals []struct{ Waiting bool }
+		}
+	}
+	sys.GraphQL(a.owner, `query($id: ID!) { run(id: $id) { startedBy approvals { waiting } } }`, map[string]any{"id": a.waitingRun}).Decode(t, &parked)
+	assert.Equal(t, "user:owner@"+a.id.String(), parked.Run.StartedBy)
+	assert.True(t, parked.Run.Approvals[0].Waiting, "B's approve and signalRun did not reach A's approval")
+	// B's owner answering B's own run is held to its policy (FORBIDDEN), A's is not found.
+	res := sys.GraphQL(b.owner, `mutation($id: ID!) { approve(id: $id, approved: true) { ignored } }`, map[string]any{"id": b.waitingRun})
+	assert.Equal(t, []string{"FORBIDDEN"}, res.Codes())
 	var keys struct {
 		ApiKeys []struct{ ID, RevokedAt *string }
 	}
@@ -348,7 +365,7 @@ func TestCrossTenantAccessIsNotFound(t *testing.T) {
 	sys.GraphQL(a.owner, `query($id: ID!) { bulkOperation(id: $id) { status } }`, map[string]any{"id": a.bulk}).Decode(t, &op)
 	assert.NotEqual(t, "CANCELLED", op.BulkOperation.Status, "B cancelled A's bulk operation")
 	// B's lists contain nothing of A's.
-	res := sys.GraphQL(b.owner, `{ runs { edges { node { id } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
+	res = sys.GraphQL(b.owner, `{ runs { edges { node { id startedBy approvals { who mayApprove reason } } } } workflows { edges { node { id } } } apiKeys { id } members { subject } viewer { tenant { id } }
 		webhookEndpoints { id } webhookDeliveries { edges { node { id } } } workers { id } schedules { edges { node { id } } }
 		bulkOperations { id } pausedQueues { queue } secrets { name } secretAudit { id } }`, nil)
 	require.Empty(t, res.Errors)
@@ -970,20 +987,39 @@ func TestCollectionsAreBounded(t *testing.T) {
 
 // TestHTTPHeadersAreMaskedForReaders: HTTP step headers (credentials) are
 // shown to those who may change the workflow and masked for viewers and
-// read-only keys.
+// read-only keys. A credential written literally is refused at publish
+// (pointing to a secret); a version stored with one before that was
+// refused stays masked.
 func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 	t.Parallel()
 	sys, a, _ := twoTenants(t)
+	literal := `{"nodes": [{"id": "call", "type": "http", "http": {"method": "GET", "url": "https://api.example.com/",
+		"headers": {"Authorization": "Bearer sk_live_123"}, "query": {"api_key": "sk_live_456"}}}]}`
+	res := sys.GraphQL(a.owner, `mutation($d: JSON!) { createWorkflow(input: {name: "secretive", definition: $d}) { workflow { id } } }`,
+		map[string]any{"d": json.RawMessage(literal)})
+	require.Equal(t, []string{"BAD_USER_INPUT"}, res.Codes())
+	assert.Contains(t, res.Errors[0].Message, `node "call": http.headers.Authorization: Authorization carries a credential written into the definition`)
+	assert.Contains(t, res.Errors[0].Message, `http.query.api_key`)
+	assert.Contains(t, res.Errors[0].Message, `{{ secrets.NAME }}`)
+
 	var created struct {
 		CreateWorkflow struct{ Workflow struct{ ID string } }
 	}
 	sys.GraphQL(a.owner, `mutation { createWorkflow(input: {name: "secretive", definition: {nodes: [
-		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer sk_live_123"},
-		 query: {api_key: "sk_live_456"}}}]}}) { workflow { id } } }`,
+		{id: "call", type: "http", http: {method: "GET", url: "https://api.example.com/", headers: {Authorization: "Bearer {{ secrets.T }}"}}}]}}) { workflow { id } } }`,
 		nil).Decode(t, &created)
+	// Version 2 holds literals, as a version published before they were refused may.
+	wf := uuid.MustParse(created.CreateWorkflow.Workflow.ID)
+	require.NoError(t, sys.Deps.DB.WithTenant(context.Background(), a.id, func(ctx context.Context, tx *pg.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE workflow_definitions SET latest_version = 2 WHERE tenant_id = $1 AND id = $2`, a.id, wf); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO workflow_versions (tenant_id, workflow_id, version, definition) VALUES ($1, $2, 2, $3)`, a.id, wf, literal)
+		return err
+	}))
 	var key struct{ CreateApiKey struct{ Secret string } }
 	sys.GraphQL(a.owner, `mutation { createApiKey(input: {name: "ro", scopes: ["workflows:read"]}) { secret } }`, nil).Decode(t, &key)
-	q := `query($id: ID!) { workflow(id: $id) { versions { definition } version(number: 1) { definition } } }`
+	q := `query($id: ID!) { workflow(id: $id) { versions { definition } version(number: 2) { definition } } }`
 	vars := map[string]any{"id": created.CreateWorkflow.Workflow.ID}
 	for name, cred := range map[string]string{"viewer": a.viewer, "workflows:read key": key.CreateApiKey.Secret} {
 		res := sys.GraphQL(cred, q, vars)
@@ -993,9 +1029,12 @@ func TestHTTPHeadersAreMaskedForReaders(t *testing.T) {
 		assert.Contains(t, string(res.Data), "Authorization", "%s sees the header's name", name)
 		assert.Contains(t, string(res.Data), "api_key", "%s sees the parameter's name", name)
 	}
-	res := sys.GraphQL(a.developer, q, vars)
+	res = sys.GraphQL(a.developer, q, vars)
 	require.Empty(t, res.Errors)
 	assert.Contains(t, string(res.Data), "sk_live_123", "a developer, who may change the workflow, sees it")
+	// Its runs still start: a stored version is read as it was published.
+	res = sys.GraphQL(a.owner, `mutation($w: ID!) { startRun(input: {workflowId: $w, version: 2}) { run { id } } }`, map[string]any{"w": wf.String()})
+	require.Empty(t, res.Errors)
 }
 
 // TestClientMistakesAreClientErrors: malformed requests of every shape

@@ -19,6 +19,7 @@ import (
 	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/engine/taskpoll"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/obs"
@@ -123,7 +124,21 @@ func (r *Resolver) gated(ctx context.Context, action auth.Action) (context.Conte
 	if !auth.PowerOf(p).Can(action) {
 		return ctx, p, errs.E(errs.Forbidden, "not allowed to %s", action)
 	}
+	// The principal is who the change is by: the starter of the runs it
+	// starts, the sender (approver) of its signal.
+	ctx = engine.WithActor(ctx, Actor(p))
 	return engine.WithGate(ctx, func(ctx context.Context, tx *pg.Tx) error { return r.allowed(ctx, tx, p, action) }), p, nil
+}
+
+// Actor is the principal as the engine records it: who a change is by.
+func Actor(p auth.Principal) dag.Principal {
+	switch p.Kind {
+	case auth.KindUser:
+		return dag.Principal{Kind: dag.PrincipalUser, ID: p.Subject, Role: string(p.Role)}
+	case auth.KindAPIKey:
+		return dag.Principal{Kind: dag.PrincipalAPIKey, ID: p.Subject}
+	}
+	return dag.Principal{}
 }
 
 // admitStart gates a run start (see gated) and takes it from the tenant's

@@ -124,15 +124,13 @@ func (r *mutationResolver) SignalRun(ctx context.Context, id uuid.UUID, name str
 
 // Approve is the resolver for the approve field.
 func (r *mutationResolver) Approve(ctx context.Context, id uuid.UUID, signal *string, approved bool, comment *string, signalID *string) (*model.SignalPayload, error) {
-	p, err := principal(ctx)
-	if err != nil {
-		return nil, err
-	}
 	name := "approval"
 	if signal != nil && *signal != "" {
 		name = *signal
 	}
-	decision, _ := json.Marshal(map[string]any{"approved": approved, "comment": deref(comment), "by": p.Subject})
+	// The approver ("by") is the principal, set by the coordinator from the
+	// credential (WithActor); nothing here can name another.
+	decision, _ := json.Marshal(map[string]any{"approved": approved, "comment": deref(comment)})
 	return r.signal(ctx, id, engine.Signal{ID: deref(signalID), Name: name, Payload: decision})
 }
 
@@ -458,20 +456,52 @@ func (r *runResolver) Status(ctx context.Context, obj *engine.RunView) (model.Ru
 	return model.RunStatus(strings.ToUpper(obj.Status)), nil
 }
 
+// Input is the resolver for the input field.
+func (r *runResolver) Input(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
+	// Only a child run's input can come from a step that read a secret.
+	return hide(obj.Input, obj.SecretInput, seesSecretOutputs(ctx)), nil
+}
+
+// Output is the resolver for the output field.
+func (r *runResolver) Output(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
+	return r.runValue(ctx, obj, obj.Output, hide)
+}
+
+// Error is the resolver for the error field.
+func (r *runResolver) Error(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
+	return r.runValue(ctx, obj, obj.Error, hideError)
+}
+
 // Metadata is the resolver for the metadata field.
 func (r *runResolver) Metadata(ctx context.Context, obj *engine.RunView) (json.RawMessage, error) {
+	if obj.SecretInput && !seesSecretOutputs(ctx) {
+		return hiddenValue, nil // derived from the input, which came from a secret
+	}
 	if len(obj.Metadata) == 0 {
 		return json.RawMessage(`{}`), nil
 	}
 	return json.Marshal(obj.Metadata)
 }
 
+// ConcurrencyKey is the resolver for the concurrencyKey field.
+func (r *runResolver) ConcurrencyKey(ctx context.Context, obj *engine.RunView) (*string, error) {
+	if obj.ConcurrencyKey != nil && obj.SecretInput && !seesSecretOutputs(ctx) {
+		hidden := "hidden: " + hiddenNote // derived from the input, which came from a secret
+		return &hidden, nil
+	}
+	return obj.ConcurrencyKey, nil
+}
+
 // Tasks is the resolver for the tasks field.
 func (r *runResolver) Tasks(ctx context.Context, obj *engine.RunView) ([]engine.TaskView, error) {
 	if obj.Snapshot != nil {
-		return obj.Snapshot.Tasks, nil
+		return r.secretTasks(ctx, obj, obj.Snapshot.Tasks)
 	}
-	return r.loaders(ctx).tasks.Load(ctx, obj.ID)
+	tasks, err := r.loaders(ctx).tasks.Load(ctx, obj.ID)
+	if err != nil {
+		return nil, err
+	}
+	return r.secretTasks(ctx, obj, tasks)
 }
 
 // Timeline is the resolver for the timeline field.
@@ -486,7 +516,10 @@ func (r *runResolver) Timeline(ctx context.Context, obj *engine.RunView, first *
 		out, err = engine.Timeline(ctx, tx, obj.ID, n)
 		return err
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return r.secretTimeline(ctx, obj, out)
 }
 
 // RunUpdated is the resolver for the runUpdated field.

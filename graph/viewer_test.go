@@ -30,14 +30,14 @@ func TestViewerPermissionsFollowTheAuthorizer(t *testing.T) {
 		return out.Viewer.Permissions
 	}
 	all := []string{"runs:read", "runs:write", "workflows:read", "workflows:write", "keys:manage", "members:manage",
-		"webhooks:manage", "billing:read", "worker:tasks", "events:write", "secrets:manage", "audit:read"}
+		"webhooks:manage", "billing:read", "worker:tasks", "events:write", "secrets:manage", "audit:read", "secrets:outputs"}
 
 	ownerA := sys.Token(sys.Tenant, "same@example.com", auth.RoleOwner)
 	viewerB := sys.Token(b.ID, "same@example.com", auth.RoleViewer)
 	assert.Equal(t, all, perms(ownerA))
 	assert.Equal(t, []string{"runs:read", "workflows:read", "billing:read"}, perms(viewerB),
 		"B's token carries B's role only, whatever the subject is in A")
-	assert.Equal(t, []string{"runs:read", "runs:write", "workflows:read", "workflows:write", "billing:read", "events:write"},
+	assert.Equal(t, []string{"runs:read", "runs:write", "workflows:read", "workflows:write", "billing:read", "events:write", "secrets:outputs"},
 		perms(sys.Token(sys.Tenant, "dev@example.com", auth.RoleDeveloper)))
 
 	assert.Equal(t, []string{"runs:read", "webhooks:manage"}, perms(sys.APIKey(auth.ScopeRunsRead, auth.ScopeWebhooksManage)))

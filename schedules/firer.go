@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/engine/dag"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/lifecycle"
 	"github.com/composer-dev/composer/internal/pg"
@@ -424,6 +425,8 @@ func (f *Firer) admitAndStart(ctx context.Context, tenant uuid.UUID, s Schedule,
 				Message: fmt.Sprintf("run starts are limited to %g per second (burst %d)", l.StartsPerSecond, l.StartBurst)}
 		}
 	}
+	// A fire is started by the schedule, not by whoever wrote it.
+	ctx = engine.WithActor(ctx, dag.Principal{Kind: dag.PrincipalSchedule, ID: s.ID.String()})
 	return f.Coord.StartRun(ctx, tenant, startRequest(s, at))
 }
 

@@ -16,7 +16,10 @@ const Redacted = "[secret]"
 // rendered from them, and their URL- and JSON-escaped forms — from what an
 // attempt records: its output, its failure's message and details, and the
 // log lines it writes. A receiver that echoes a credential back therefore
-// does not put it into the run.
+// does not put it into the run as sent; one that echoes it transformed
+// (hex, reversed, base64) is not caught here, which is why the API shows
+// what secret-reading steps produce only to principals with
+// secrets:outputs (engine/dag/secrets.go). This stays as defence in depth.
 type redactor struct {
 	needles []string
 }

@@ -42,15 +42,16 @@ func commands() []command {
 		{"tenants", "administer tenants: `tenants create --name N --plan P` prints its id and first API key", runTenants},
 		{"token", "mint a development user token: `token --tenant ID --role ROLE`", runToken},
 		{"audit", "check a tenant's audit chain: `audit verify --tenant ID [--anchor SEQ:HASH]` (exit 1 when broken)", runAudit},
+		{"credentials", "list stored workflow versions that write credentials literally (exit 1 when any): move each into a secret", runCredentials},
 	}
 }
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: composer <command> [flags]\n\ncommands:")
 	for _, c := range commands() {
-		fmt.Fprintf(os.Stderr, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(os.Stderr, "  %-11s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(os.Stderr, "  %-9s %s\n", "version", "print the build (module version, commit, Go) and the schema version it expects")
+	fmt.Fprintf(os.Stderr, "  %-11s %s\n", "version", "print the build (module version, commit, Go) and the schema version it expects")
 	fmt.Fprintln(os.Stderr, "\nConfiguration is read from COMPOSER_* environment variables; see README.md.")
 }
 

@@ -75,6 +75,9 @@ type Workflow struct {
 	sinks    []string
 	output   map[string]*program
 	metadata map[string]*program
+	// secretDerived holds the nodes whose values may hold what a step
+	// that reads a secret produced (secrets.go).
+	secretDerived map[string]bool
 }
 
 // Node is one step of a workflow.
@@ -206,7 +209,9 @@ type SleepSpec struct {
 // WaitSpec configures a wait node: it completes when the named signal
 // arrives (its payload becomes the output) and fails when Timeout passes
 // first. With Approval the payload is a decision: {"approved": bool, ...};
-// a rejection fails the node.
+// a rejection fails the node. The decision's "by" and "by_kind" are the
+// principal that sent it, as the server authenticated it (whatever the
+// payload said), and Approvers, when set, says who may send it.
 //
 // With Event instead of Signal the node waits for a published event of
 // that name for which Match — a CEL expression over `event` ({"id",
@@ -223,6 +228,9 @@ type WaitSpec struct {
 	Match    string   `json:"match,omitempty"`
 	Timeout  Duration `json:"timeout,omitempty"`
 	Approval bool     `json:"approval,omitempty"`
+	// Approvers is who may answer an approval (nil: anyone who may
+	// write runs).
+	Approvers *ApprovalPolicy `json:"approvers,omitempty"`
 
 	match *eventMatch
 }

@@ -93,6 +93,9 @@ type segment struct {
 	prog   *program // over input and nodes
 	secret string   // source of an expression over secrets only
 	escape string
+	// constant marks an expression that reads nothing (`{{ "abc" }}`):
+	// literal text written another way.
+	constant bool
 }
 
 type template struct {
@@ -189,7 +192,8 @@ func compileSegment(src string, env func() (*cel.Env, error)) (segment, []string
 	}
 	idents, names, dynamic := secretRefs(native)
 	if !idents["secrets"] {
-		return segment{prog: p}, nil, nil
+		constant := !idents["input"] && !idents["nodes"] && !idents["item"] && !idents["index"]
+		return segment{prog: p, constant: constant}, nil, nil
 	}
 	switch {
 	case idents["input"] || idents["nodes"] || idents["item"] || idents["index"]:

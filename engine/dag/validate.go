@@ -89,6 +89,7 @@ func (w *Workflow) validate() []Problem {
 		return ps
 	}
 	w.compile(&ps)
+	w.markSecretDerived()
 	return ps
 }
 
@@ -198,6 +199,13 @@ func (n *Node) validate(ps *problems, label string) {
 		}
 		if wt.Match != "" && wt.Event == "" {
 			ps.add(label, "wait.match", "is for event waits (give wait.event)")
+		}
+		if wt.Approvers != nil {
+			if !wt.Approval {
+				ps.add(label, "wait.approvers", "is for approval waits (set wait.approval)")
+			} else {
+				wt.Approvers.validate(ps, label)
+			}
 		}
 		checkDuration(ps, label, "wait.timeout", wt.Timeout, false)
 	}

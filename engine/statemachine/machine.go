@@ -275,6 +275,12 @@ func (m *machine) signal(s Signal) {
 		m.ignore("run is %s", m.run.Status)
 		return
 	}
+	if why := m.wf.ApprovalRefusal(s.Name, s.By, m.run.StartedBy); why != "" {
+		// The coordinator refuses such a signal (FORBIDDEN) before it gets
+		// here; an approval is never taken from whom its policy refuses.
+		m.ignore("refused: %s", why)
+		return
+	}
 	for _, id := range m.wf.Order() {
 		n := m.wf.Node(id)
 		if t := m.run.Tasks[id]; t != nil && t.State == TaskWaiting && n.Type == dag.TypeWait && n.Wait.Signal == s.Name {
@@ -327,11 +333,40 @@ func (m *machine) event(e dag.EventData) {
 // resolveWait completes a wait node with a signal's payload, or fails it
 // when the signal is a rejected approval.
 func (m *machine) resolveWait(n *dag.Node, t *Task, s Signal) {
-	if n.Wait.Approval && !approved(s.Payload) {
-		m.failNode(t, Error{Code: CodeApprovalRejected, Message: fmt.Sprintf("approval %q was rejected", n.Wait.Signal), Details: s.Payload})
+	if !n.Wait.Approval {
+		m.complete(t, s.Payload)
 		return
 	}
-	m.complete(t, s.Payload)
+	d := decision(s)
+	if !approved(d) {
+		m.failNode(t, rejected(n, s, d))
+		return
+	}
+	m.complete(t, d)
+}
+
+// decision is an approval's output: the signal's payload with "by" and
+// "by_kind" set to whoever sent it as the server authenticated them
+// (null when unknown), so no payload can name another approver for the
+// steps that read it.
+func decision(s Signal) json.RawMessage {
+	var d map[string]json.RawMessage
+	if json.Unmarshal(s.Payload, &d) != nil || d == nil {
+		d = map[string]json.RawMessage{}
+	}
+	d["by"], d["by_kind"] = json.RawMessage("null"), json.RawMessage("null")
+	if s.By.Kind != "" {
+		d["by"], d["by_kind"] = mustJSON(s.By.ID), mustJSON(s.By.Kind)
+	}
+	return mustJSON(d)
+}
+
+func rejected(n *dag.Node, s Signal, d json.RawMessage) Error {
+	msg := fmt.Sprintf("approval %q was rejected", n.Wait.Signal)
+	if s.By.Kind != "" {
+		msg += " by " + s.By.String()
+	}
+	return Error{Code: CodeApprovalRejected, Message: msg, Details: d}
 }
 
 func payloadOrEmpty(p json.RawMessage) json.RawMessage {
@@ -508,14 +543,24 @@ func (m *machine) activate(n *dag.Node, upstreamSkipped bool) {
 			if sig.Name != n.Wait.Signal {
 				continue
 			}
+			if n.Wait.Approval && n.Wait.Approvers != nil && sig.By.Kind == "" {
+				// Kept with no sender (before senders were recorded): no
+				// approval of a node with a policy. (One with a sender was
+				// held to every approval policy of its name when it came.)
+				continue
+			}
 			// A signal that arrived earlier resolves the node as it is created.
 			m.run.Signals = append(m.run.Signals[:i:i], m.run.Signals[i+1:]...)
 			m.emit(ConsumeSignal{SignalID: sig.ID, NodeID: n.ID})
-			if n.Wait.Approval && !approved(sig.Payload) {
-				m.createFailed(base, t, Error{Code: CodeApprovalRejected, Message: fmt.Sprintf("approval %q was rejected", n.Wait.Signal), Details: sig.Payload})
-				return
+			out := payloadOrEmpty(sig.Payload)
+			if n.Wait.Approval {
+				out = decision(sig)
+				if !approved(out) {
+					m.createFailed(base, t, rejected(n, sig, out))
+					return
+				}
 			}
-			base.Output = payloadOrEmpty(sig.Payload)
+			base.Output = out
 			m.createFinal(base, t, TaskCompleted, "")
 			return
 		}

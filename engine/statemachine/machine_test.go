@@ -415,3 +415,91 @@ func TestMapStepsRenderTheirRequestPerElement(t *testing.T) {
 	require.ErrorContains(t, err, `node "fan": map.step.http.headers.A:`)
 	require.ErrorContains(t, err, "may read nothing else")
 }
+
+// TestTheApproverIsTheSenderNotThePayload: an approval's output and its
+// rejection name whoever sent the signal as the server authenticated it;
+// a "by" in the payload is overwritten, and the steps after it read the
+// real approver.
+func TestTheApproverIsTheSenderNotThePayload(t *testing.T) {
+	wf := dag.MustParse(`{"nodes":[{"id":"ok","type":"wait","wait":{"signal":"approval","approval":true}},
+		{"id":"pay","type":"noop","depends_on":["ok"],"input":{"approver":"nodes.ok.output.by","kind":"nodes.ok.output.by_kind"}}]}`)
+	ann := dag.Principal{Kind: dag.PrincipalUser, ID: "ann", Role: "admin"}
+	s := newSim(t, wf, "")
+	s.step(RunStarted{})
+	tr := s.step(SignalReceived{Signal: Signal{ID: "s1", Name: "approval", By: ann,
+		Payload: json.RawMessage(`{"approved":true,"by":"the-cfo","by_kind":"user","comment":"fine"}`)}})
+	require.Equal(t, []string{"record_signal", "complete_task", "create_task", "dispatch"}, kinds(tr))
+	assert.JSONEq(t, `{"approved":true,"by":"ann","by_kind":"user","comment":"fine"}`, string(s.task("ok").Output))
+	assert.JSONEq(t, `{"approver":"ann","kind":"user"}`, string(tr.Actions[2].(CreateTask).Input))
+
+	// A rejection records the rejecter too.
+	s = newSim(t, wf, "")
+	s.step(RunStarted{})
+	key := dag.Principal{Kind: dag.PrincipalAPIKey, ID: "Ab12Cd34Ef56"}
+	s.step(SignalReceived{Signal: Signal{ID: "s1", Name: "approval", By: key, Payload: json.RawMessage(`{"approved":false,"by":"someone-else"}`)}})
+	e := s.task("ok").Error
+	require.NotNil(t, e)
+	assert.Equal(t, CodeApprovalRejected, e.Code)
+	assert.Equal(t, `approval "approval" was rejected by api_key:Ab12Cd34Ef56`, e.Message)
+	assert.JSONEq(t, `{"approved":false,"by":"Ab12Cd34Ef56","by_kind":"api_key"}`, string(e.Details))
+
+	// An early approval is consumed with its sender when the wait is reached.
+	early := dag.MustParse(`{"nodes":[{"id":"a","type":"noop"},{"id":"ok","type":"wait","depends_on":["a"],"wait":{"signal":"approval","approval":true}}]}`)
+	s = newSim(t, early, "")
+	s.step(RunStarted{})
+	s.step(SignalReceived{Signal: Signal{ID: "s1", Name: "approval", By: ann, Payload: json.RawMessage(`{"approved":true,"by":"mallory"}`)}})
+	s.complete("a", `{}`)
+	assert.JSONEq(t, `{"approved":true,"by":"ann","by_kind":"user"}`, string(s.task("ok").Output))
+
+	// Without a known sender (an internal caller), "by" is null, not the payload's.
+	s = newSim(t, wf, "")
+	s.step(RunStarted{})
+	s.step(SignalReceived{Signal: Signal{ID: "s1", Name: "approval", Payload: json.RawMessage(`{"approved":true,"by":"mallory"}`)}})
+	assert.JSONEq(t, `{"approved":true,"by":null,"by_kind":null}`, string(s.task("ok").Output))
+
+	// A plain signal's payload is the sender's data, kept as sent.
+	plain := dag.MustParse(`{"nodes":[{"id":"w","type":"wait","wait":{"signal":"go"}}]}`)
+	s = newSim(t, plain, "")
+	s.step(RunStarted{})
+	s.step(SignalReceived{Signal: Signal{ID: "s1", Name: "go", By: ann, Payload: json.RawMessage(`{"by":"anyone"}`)}})
+	assert.JSONEq(t, `{"by":"anyone"}`, string(s.task("w").Output))
+}
+
+// TestAnApprovalPolicyIsKeptByTheMachine: a signal its policy refuses
+// changes nothing (the coordinator refuses it before; the machine would
+// not take it either), whether the wait is reached already or not.
+func TestAnApprovalPolicyIsKeptByTheMachine(t *testing.T) {
+	wf := dag.MustParse(`{"nodes":[{"id":"a","type":"noop"},
+		{"id":"ok","type":"wait","depends_on":["a"],"wait":{"signal":"approval","approval":true,"approvers":{"roles":["admin"],"not_starter":true}}}]}`)
+	starter := dag.Principal{Kind: dag.PrincipalUser, ID: "sam", Role: "admin"}
+	dev := dag.Principal{Kind: dag.PrincipalUser, ID: "dan", Role: "developer"}
+	boss := dag.Principal{Kind: dag.PrincipalUser, ID: "bea", Role: "admin"}
+	s := newSim(t, wf, "")
+	s.run.StartedBy = starter
+	s.step(RunStarted{})
+	for _, by := range []dag.Principal{dev, starter, {}} {
+		tr := s.step(SignalReceived{Signal: Signal{ID: "early-" + by.ID, Name: "approval", By: by, Payload: json.RawMessage(`{"approved":true}`)}})
+		require.True(t, tr.Ignored, "%+v", by)
+		assert.Contains(t, tr.Reason, "refused: approval \"approval\" of node ok")
+	}
+	assert.Empty(t, s.run.Signals, "nothing was kept")
+	s.complete("a", `{}`)
+	require.Equal(t, TaskWaiting, s.task("ok").State)
+	assert.True(t, s.step(SignalReceived{Signal: Signal{ID: "s2", Name: "approval", By: starter, Payload: json.RawMessage(`{"approved":true}`)}}).Ignored)
+	assert.True(t, s.step(SignalReceived{Signal: Signal{ID: "s3", Name: "approval", By: dev, Payload: json.RawMessage(`{"approved":false}`)}}).Ignored,
+		"a refused rejection does not fail the run either")
+	require.Equal(t, TaskWaiting, s.task("ok").State)
+	tr := s.step(SignalReceived{Signal: Signal{ID: "s4", Name: "approval", By: boss, Payload: json.RawMessage(`{"approved":true}`)}})
+	assert.Equal(t, RunCompleted, tr.Status)
+	assert.JSONEq(t, `{"approved":true,"by":"bea","by_kind":"user"}`, string(s.task("ok").Output))
+
+	// A signal kept without a sender (before senders were recorded) is
+	// no approval of a node with a policy: it stays kept.
+	s = newSim(t, wf, "")
+	s.run.StartedBy = starter
+	s.run.Signals = []Signal{{ID: "legacy", Name: "approval", Payload: json.RawMessage(`{"approved":true}`)}}
+	s.step(RunStarted{})
+	s.complete("a", `{}`)
+	assert.Equal(t, TaskWaiting, s.task("ok").State)
+	assert.Len(t, s.run.Signals, 1)
+}

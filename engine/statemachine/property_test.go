@@ -60,6 +60,14 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 		case "wait":
 			node["type"] = "wait"
 			w := map[string]any{"signal": fmt.Sprintf("sig%d", rapid.IntRange(0, 1).Draw(t, "signal")), "approval": rapid.Bool().Draw(t, "approval")}
+			if w["approval"] == true {
+				switch rapid.IntRange(0, 3).Draw(t, "approvers") {
+				case 0:
+					w["approvers"] = map[string]any{"roles": []string{"admin"}, "not_starter": true}
+				case 1:
+					w["approvers"] = map[string]any{"members": []string{"bea"}, "api_keys": []string{"k1"}}
+				}
+			}
 			if rapid.Bool().Draw(t, "wait timeout") {
 				w["timeout"] = "1h"
 			}
@@ -124,6 +132,8 @@ func genWorkflow(t *rapid.T) (*dag.Workflow, string) {
 //   - re-applying a delivered event changes nothing;
 //   - a report for an older attempt is always ignored;
 //   - Decide never modifies its input (sim.step);
+//   - an approval is answered only by a sender its policy allows, and
+//     records that sender (checkApprovers);
 //
 // and at the end, once every task has reported, that the run reached exactly
 // one terminal state and nothing is left active.
@@ -131,6 +141,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		wf, input := genWorkflow(rt)
 		s := newSim(rt, wf, input)
+		s.run.StartedBy = starter
 		var delivered []Event
 		signals, events := 0, 0
 		deliver := func(ev Event) Transition {
@@ -181,8 +192,9 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 				}
 			case 7: // a signal
 				signals++
-				payload := fmt.Sprintf(`{"approved":%v}`, rapid.Bool().Draw(rt, "approve"))
-				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: fmt.Sprintf("sig%d", rapid.IntRange(0, 1).Draw(rt, "name")), Payload: json.RawMessage(payload)}})
+				payload := fmt.Sprintf(`{"approved":%v,"by":"bea"}`, rapid.Bool().Draw(rt, "approve"))
+				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: fmt.Sprintf("sig%d", rapid.IntRange(0, 1).Draw(rt, "name")),
+					Payload: json.RawMessage(payload), By: rapid.SampledFrom(senders).Draw(rt, "sender")}})
 			case 8: // a worker leases a pending task
 				if t := pickTask(rt, s, TaskPending); t != nil {
 					t.State = TaskRunning
@@ -214,6 +226,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			}
 			checkCompletesOnce(rt, s)
 			checkMaps(rt, s)
+			checkApprovers(rt, s)
 		}
 
 		// Let every remaining task report, resolving whatever is active.
@@ -241,7 +254,7 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 					break
 				}
 				signals++
-				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: n.Wait.Signal, Payload: json.RawMessage(`{"approved":true}`)}})
+				deliver(SignalReceived{Signal: Signal{ID: fmt.Sprint("sg", signals), Name: n.Wait.Signal, Payload: json.RawMessage(`{"approved":true}`), By: boss}})
 			default:
 				deliver(NodeCompleted{NodeID: t.NodeID, TaskID: t.ID, Attempt: t.Attempt})
 			}
@@ -266,6 +279,53 @@ func TestPropertiesUnderRandomEventOrders(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Who sends the property test's signals: the run's starter, members of
+// other roles, an API key, and an unknown sender. boss passes every policy
+// genWorkflow writes.
+var (
+	starter = dag.Principal{Kind: dag.PrincipalUser, ID: "sam", Role: "admin"}
+	boss    = dag.Principal{Kind: dag.PrincipalUser, ID: "bea", Role: "admin"}
+	senders = []dag.Principal{starter, boss, {Kind: dag.PrincipalUser, ID: "dan", Role: "developer"}, {Kind: dag.PrincipalAPIKey, ID: "k1"},
+		{Kind: dag.PrincipalAPIKey, ID: "k2"}, {}}
+)
+
+// checkApprovers checks that every approval that was answered records a
+// sender its policy allows, never the payload's "by".
+func checkApprovers(rt *rapid.T, s *sim) {
+	byID := map[string]dag.Principal{}
+	for _, p := range senders {
+		byID[p.ID] = p
+	}
+	for id, t := range s.run.Tasks {
+		n := s.wf.Node(id)
+		if n.Type != dag.TypeWait || !n.Wait.Approval {
+			continue
+		}
+		var d json.RawMessage
+		switch {
+		case t.State == TaskCompleted:
+			d = t.Output
+		case t.State == TaskFailed && t.Error != nil && t.Error.Code == CodeApprovalRejected:
+			d = t.Error.Details
+		default:
+			continue
+		}
+		var got struct {
+			By *string `json:"by"`
+		}
+		if err := json.Unmarshal(d, &got); err != nil {
+			rt.Fatalf("approval %s answered with %s", id, d)
+		}
+		var by dag.Principal
+		if got.By != nil {
+			by = byID[*got.By]
+		}
+		if why := n.Wait.Approvers.Refusal(by, starter); why != "" {
+			rt.Fatalf("approval %s was answered by %+v, whom its policy refuses: %s", id, by, why)
+		}
+	}
 }
 
 // deliverEvent delivers a published event and checks that whatever it
@@ -437,6 +497,7 @@ func TestDecideIsDeterministic(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		wf, input := genWorkflow(rt)
 		s := newSim(rt, wf, input)
+		s.run.StartedBy = starter
 		first := Decide(wf, s.run, RunStarted{}, epoch)
 		for i := 0; i < 5; i++ {
 			if again := Decide(wf, s.run, RunStarted{}, epoch); !reflect.DeepEqual(first, again) {

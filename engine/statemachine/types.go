@@ -99,6 +99,9 @@ type Run struct {
 	// Priority is the run's priority (dag.MinPriority..dag.MaxPriority),
 	// the priority of its tasks whose node sets none.
 	Priority int
+	// StartedBy is who started the run (the zero Principal when unknown),
+	// for approval policies' not_starter.
+	StartedBy dag.Principal
 }
 
 // Task is one node's task.
@@ -117,6 +120,10 @@ type Signal struct {
 	ID      string
 	Name    string
 	Payload json.RawMessage
+	// By is who sent it, as the server authenticated it: the approver an
+	// approval wait records, whatever the payload says, and whom its
+	// policy must allow.
+	By dag.Principal
 }
 
 // TimerKind names what a timer is for.

@@ -18,6 +18,36 @@ import (
 	"github.com/google/uuid"
 )
 
+// An approval wait node of a run.
+type Approval struct {
+	// The wait node.
+	Node string `json:"node"`
+	// The signal that answers it: approve(signal:) or signalRun(name:), held to the same policy.
+	Signal string `json:"signal"`
+	// True while the node waits for its answer.
+	Waiting bool `json:"waiting"`
+	// The node's policy (wait.approvers); null when anyone who may write runs may answer.
+	Policy *ApprovalPolicy `json:"policy,omitempty"`
+	// Who may answer, in words.
+	Who string `json:"who"`
+	// Whether the principal asking may answer it: it may write runs and the
+	// policy allows it (an answer from anyone else is FORBIDDEN and changes
+	// nothing).
+	MayApprove bool `json:"mayApprove"`
+	// Why the principal may not answer it, when mayApprove is false.
+	Reason *string `json:"reason,omitempty"`
+}
+
+// Who may answer an approval: anyone of roles, members and apiKeys (everyone who may write runs when all three are empty), except the run's starter when notStarter.
+type ApprovalPolicy struct {
+	Roles []Role `json:"roles"`
+	// Members, by subject.
+	Members []string `json:"members"`
+	// API keys, by key id.
+	APIKeys    []string `json:"apiKeys"`
+	NotStarter bool     `json:"notStarter"`
+}
+
 // A chain head saved from auditVerify (headSeq, headHash).
 type AuditAnchorInput struct {
 	Seq int64 `json:"seq"`
@@ -439,7 +469,8 @@ type Viewer struct {
 	// What the principal may do in its tenant now, as the authorizer decides it
 	// (the role's policy for users, the scopes for keys): runs:read, runs:write,
 	// workflows:read, workflows:write, keys:manage, members:manage,
-	// webhooks:manage, billing:read, worker:tasks, events:write, secrets:manage.
+	// webhooks:manage, billing:read, worker:tasks, events:write, secrets:manage,
+	// audit:read, secrets:outputs.
 	// A console shows only the actions these allow.
 	Permissions []string        `json:"permissions"`
 	Tenant      *tenants.Tenant `json:"tenant"`

@@ -16,6 +16,7 @@ import (
 	"github.com/composer-dev/composer/audit"
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/graph"
 	"github.com/composer-dev/composer/internal/errs"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/tenants"
@@ -133,6 +134,7 @@ func (h *eventsHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Audited like the publishEvent mutation: the record is sealed into
 	// the publish's transaction by its gate, or written after a refusal.
 	entry := audit.NewEntry(h.s.AuditKeys, p.TenantID, string(p.Kind), p.Subject, "publishEvent", "event", in.ID, map[string]any{"name": in.Name, "via": "rest"})
+	ctx = engine.WithActor(ctx, graph.Actor(p)) // the starter of the runs it starts
 	ctx = engine.WithGate(audit.With(ctx, entry), func(ctx context.Context, tx *pg.Tx) error {
 		if err := h.s.Authz.Allowed(ctx, tx, p, auth.ActionEventsWrite); err != nil {
 			return err

@@ -1343,7 +1343,10 @@ func (v *approveApproveSignalPayloadRun) GetStatus() RunStatus { return v.Status
 
 // approveResponse is returned by approve on success.
 type approveResponse struct {
-	// Answers an approval wait: a signal whose payload is the decision.
+	// Answers an approval wait: a signal whose payload is the decision. The
+	// approver it records ("by", "by_kind") is the caller, whatever a payload
+	// says; a caller the wait's policy does not allow (Run.approvals) is
+	// FORBIDDEN, and nothing changes.
 	Approve approveApproveSignalPayload `json:"approve"`
 }
 
@@ -4704,7 +4707,9 @@ func (v *runStatusRun) GetStatus() RunStatus { return v.Status }
 
 // signalRunResponse is returned by signalRun on success.
 type signalRunResponse struct {
-	// Sends a named signal to a run. signalId makes delivery idempotent.
+	// Sends a named signal to a run. signalId makes delivery idempotent. A
+	// signal of an approval wait's name is an answer to it, held to its policy
+	// like approve.
 	SignalRun signalRunSignalRunSignalPayload `json:"signalRun"`
 }
 

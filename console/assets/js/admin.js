@@ -6,7 +6,7 @@ import { gql } from './api.js';
 import { h, clear, errorBox, fmtTime, table, empty, ask, toast, showOnce, shortId, fail } from './ui.js';
 
 const SCOPES = ['runs:read', 'runs:write', 'workflows:read', 'workflows:write', 'keys:manage', 'members:manage', 'webhooks:manage',
-  'billing:read', 'worker', 'events:write', 'secrets:manage', 'admin'];
+  'billing:read', 'worker', 'events:write', 'secrets:manage', 'secrets:outputs', 'admin'];
 const ROLES = ['OWNER', 'ADMIN', 'DEVELOPER', 'VIEWER'];
 const TABS = [['keys', 'API keys', 'keys:manage'], ['members', 'Members', 'members:manage'], ['webhooks', 'Webhooks', 'webhooks:manage'], ['usage', 'Usage and limits', null]];
 

@@ -6,9 +6,14 @@ import { gql, subscribe } from './api.js';
 import { h, clear, errorBox, status, fmtTime, fmtDuration, since, shortId, pre, ask, toast, empty, fail } from './ui.js';
 import { layout, render, nodesOf } from './dag.js';
 
-const TASK = `id nodeId nodeType queue handler state attempt maxAttempts input output lastError skipReason childRunId waitingUntil createdAt startedAt finishedAt`;
+const TASK = `id nodeId nodeType queue handler state attempt maxAttempts input output lastError skipReason childRunId waitingUntil createdAt startedAt finishedAt
+  secretDerived`;
 const RUN = `id status workflow { id name } workflowVersion input output error idempotencyKey metadata priority rerunOf
-  concurrencyKey parentRunId parentNode createdAt updatedAt finishedAt tasks { ${TASK} }`;
+  concurrencyKey parentRunId parentNode createdAt updatedAt finishedAt startedBy secretDerived tasks { ${TASK} }
+  approvals { node signal waiting who mayApprove reason }`;
+// What a principal without secrets:outputs reads in place of a value
+// derived from a secret (the server hides it; this only explains it).
+const HIDDEN = 'Hidden: this value may hold what a step that read a secret produced; reading it needs the secrets:outputs permission.';
 const TIMELINE = `query($id: ID!) { run(id: $id) { timeline(first: 200) { id kind nodeId taskId attempt detail createdAt } } }`;
 const defCache = new Map();
 
@@ -66,6 +71,7 @@ export async function page(main, ctx, id) {
         h('h1', null, `Run ${shortId(run.id)} `, status(run.status)),
         h('p', { class: 'muted mono small' }, run.id, ` · v${run.workflowVersion} · created ${fmtTime(run.createdAt)}`,
           run.finishedAt ? ` · took ${fmtDuration(since(run.createdAt, run.finishedAt))}` : '',
+          run.startedBy ? ` · started by ${run.startedBy}` : '',
           run.rerunOf ? h('span', null, ' · rerun of ', h('a', { href: '/runs/' + run.rerunOf }, shortId(run.rerunOf))) : '',
           run.parentRunId ? h('span', null, ' · child of ', h('a', { href: '/runs/' + run.parentRunId }, shortId(run.parentRunId)), ` (${run.parentNode})`) : '')),
       h('div', { class: 'actions', id: 'run-actions' }, acts));
@@ -79,9 +85,13 @@ export async function page(main, ctx, id) {
     if (!reasons.length) return;
     waitBox.append(h('section', { class: 'callout', 'aria-labelledby': 'w-title' }, h('h2', { id: 'w-title' }, 'Why this run waits'),
       h('ul', null, reasons.map((r) => h('li', { dataset: { node: r.node || '' } }, r.text,
+        r.who ? h('span', { class: 'who', dataset: { who: r.node } }, ` Who may approve: ${r.who}.`) : null,
         r.approval && ctx.can('runs:write') ? h('span', { class: 'inline-actions' },
-          h('button', { class: 'btn small primary', dataset: { approve: r.node }, onclick: () => decide(run, r.signal, true, refresh) }, 'Approve…'),
-          h('button', { class: 'btn small danger', dataset: { reject: r.node }, onclick: () => decide(run, r.signal, false, refresh) }, 'Reject…')) : null,
+          h('button', { class: 'btn small primary', dataset: { approve: r.node }, disabled: r.mayApprove === false, title: r.reason || null,
+            onclick: () => decide(run, r.signal, true, refresh) }, 'Approve…'),
+          h('button', { class: 'btn small danger', dataset: { reject: r.node }, disabled: r.mayApprove === false, title: r.reason || null,
+            onclick: () => decide(run, r.signal, false, refresh) }, 'Reject…')) : null,
+        r.approval && ctx.can('runs:write') && r.mayApprove === false ? h('span', { class: 'why-not', dataset: { whyNot: r.node } }, ` You may not answer it: ${r.reason}.`) : null,
         r.signal && !r.approval && ctx.can('runs:write') ? h('span', { class: 'inline-actions' },
           h('button', { class: 'btn small', dataset: { signal: r.node }, onclick: () => signal(run, r.signal, refresh) }, `Send “${r.signal}”…`)) : null)))));
   };
@@ -102,6 +112,7 @@ export async function page(main, ctx, id) {
         t && t.finishedAt ? [h('dt', null, 'Took'), h('dd', null, fmtDuration(since(t.startedAt || t.createdAt, t.finishedAt)))] : null,
         t && t.skipReason ? [h('dt', null, 'Skipped'), h('dd', null, t.skipReason)] : null,
         t && t.childRunId ? [h('dt', null, 'Child run'), h('dd', null, h('a', { href: '/runs/' + t.childRunId }, shortId(t.childRunId)))] : null),
+      t && t.secretDerived && !ctx.can('secrets:outputs') ? h('p', { class: 'note', id: 'hidden-note' }, HIDDEN) : null,
       t && t.lastError ? [h('h3', null, 'Error'), h('pre', { class: 'json err' }, JSON.stringify(t.lastError, null, 2))] : null,
       h('h3', null, 'Input'), pre(t ? t.input : null),
       h('h3', null, 'Output'), pre(t ? t.output : null),
@@ -112,7 +123,7 @@ export async function page(main, ctx, id) {
             a.not_before ? ` retry after ${fmtTime(a.not_before)}` : '', a.error ? ` · ${typeof a.error === 'string' ? a.error : JSON.stringify(a.error)}` : ''))))) : empty('No events yet.')));
   };
   const drawIO = () => {
-    clear(ioBox).append(h('div', { class: 'cols' },
+    clear(ioBox).append(run.secretDerived && !ctx.can('secrets:outputs') ? h('p', { class: 'note' }, HIDDEN) : '', h('div', { class: 'cols' },
       h('div', null, h('h3', null, 'Input'), pre(run.input)),
       h('div', null, h('h3', null, run.error ? 'Error' : 'Output'), run.error ? h('pre', { class: 'json err' }, JSON.stringify(run.error, null, 2)) : pre(run.output)),
       h('div', null, h('h3', null, 'Metadata'), pre(run.metadata), run.concurrencyKey ? h('p', null, 'Concurrency key ', h('code', null, run.concurrencyKey)) : null,
@@ -243,7 +254,12 @@ export function whyWaiting(run, nodes, workers) {
         const w = n.wait || {};
         const timeout = t.waitingUntil ? ` (times out at ${fmtTime(t.waitingUntil)})` : w.timeout ? ` (times out after ${w.timeout})` : '';
         if (w.event) out.push({ node: t.nodeId, text: `“${t.nodeId}” waits for an event “${w.event}”${w.match ? ` matching ${w.match}` : ''}${timeout}.` });
-        else if (w.approval) out.push({ node: t.nodeId, approval: true, signal: w.signal || 'approval', text: `“${t.nodeId}” waits for an approval (signal “${w.signal || 'approval'}”)${timeout}.` });
+        else if (w.approval) {
+          // Who may answer, as the server decides it (Run.approvals).
+          const a = (run.approvals || []).find((x) => x.node === t.nodeId) || {};
+          out.push({ node: t.nodeId, approval: true, signal: w.signal || 'approval', who: a.who, mayApprove: a.mayApprove, reason: a.reason,
+            text: `“${t.nodeId}” waits for an approval (signal “${w.signal || 'approval'}”)${timeout}.` });
+        }
         else out.push({ node: t.nodeId, signal: w.signal, text: `“${t.nodeId}” waits for the signal “${w.signal}”${timeout}.` });
       } else if (t.childRunId) {
         out.push({ node: t.nodeId, text: `“${t.nodeId}” waits for its child run ${shortId(t.childRunId)}.` });
