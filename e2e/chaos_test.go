@@ -66,10 +66,16 @@ func (w *syncWriter) Write(b []byte) (int, error) {
 func (p *proc) signal(s syscall.Signal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return // never started (a test that failed before starting it)
+	}
 	_ = p.cmd.Process.Signal(s)
 }
 
 func (p *proc) kill() {
+	if p.exited == nil {
+		return
+	}
 	p.signal(syscall.SIGCONT) // a frozen process must be able to die
 	p.signal(syscall.SIGKILL)
 	<-p.exited

@@ -20,6 +20,7 @@ import (
 
 	"github.com/composer-dev/composer/auth"
 	"github.com/composer-dev/composer/engine"
+	"github.com/composer-dev/composer/internal/app"
 	"github.com/composer-dev/composer/internal/apptest"
 	"github.com/composer-dev/composer/internal/pg"
 	"github.com/composer-dev/composer/internal/testenv"
@@ -173,7 +174,7 @@ func TestStoresRestartedUnderLoadRecoverWithinALeaseTTL(t *testing.T) {
 	base := append(os.Environ(), "COMPOSER_DATABASE_URL="+env.AppURL, "COMPOSER_SYSTEM_DATABASE_URL="+env.SystemURL,
 		"COMPOSER_MIGRATE_DATABASE_URL="+env.OwnerURL, "COMPOSER_REDIS_URL="+env.RedisURL, "COMPOSER_REDIS_NAMESPACE="+env.Namespace,
 		"COMPOSER_WORKER_TOKEN=recovery-test-token", "COMPOSER_SERVER_URL="+url, "COMPOSER_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8",
-		"COMPOSER_LOG_LEVEL=warn", "COMPOSER_ADMIN_ADDR=127.0.0.1:0")
+		"COMPOSER_LOG_LEVEL=warn", "COMPOSER_ADMIN_ADDR=127.0.0.1:0", "COMPOSER_AUDIT_KEY="+app.DevAuditKey)
 	server := &proc{name: "server", args: []string{"server"}, env: append(slices.Clone(base), "COMPOSER_HTTP_ADDR="+addr)}
 	worker := &proc{name: "worker", args: []string{"worker", "--concurrency", "16"}, env: base}
 	server.start(t, bin)
